@@ -1,0 +1,38 @@
+# Two commands that work on a fresh machine: `make demo` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+export LITELLM_LOCAL_MODEL_COST_MAP := True
+
+.PHONY: install prometheus demo test bench lint clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e ".[all]"
+	touch $@
+
+install: $(VENV)/.installed
+
+# Prometheus and promtool come from Debian's package; installed only when missing and we are root.
+prometheus:
+	@if ! command -v promtool >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null; \
+	  else echo "promtool is missing: run 'apt-get install -y prometheus' as root"; fi; \
+	fi
+
+demo: install
+	$(VENV)/bin/tracejudge demo
+
+test: install prometheus
+	$(PY) -m pytest
+
+bench: install
+	$(PY) -m bench
+
+lint: install
+	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

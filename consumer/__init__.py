@@ -1,0 +1,1 @@
+"""The tracejudge consumer service: Kafka spans in, judged conversations out."""

@@ -1,0 +1,21 @@
+"""The two holistic LLM judges, usable offline: Failure Rate and Conversational Flow Rate."""
+
+from ._cases import ConversationalEvalTestCase, EvalTestCase
+from ._errors import TracejudgeError
+from ._llm import CustomLLMClient
+from ._results import ConversationResult, MetricResult
+from .conversational_flow import ConversationalFlowRateMetric
+from .evaluate import evaluate_conversations
+from .failure_rate import FailureRateMetric
+
+__all__ = [
+    "ConversationResult",
+    "ConversationalEvalTestCase",
+    "ConversationalFlowRateMetric",
+    "CustomLLMClient",
+    "EvalTestCase",
+    "FailureRateMetric",
+    "MetricResult",
+    "TracejudgeError",
+    "evaluate_conversations",
+]

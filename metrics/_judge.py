@@ -1,0 +1,236 @@
+"""The holistic-judge mechanism shared by every metric: prompt, call, parse, validate, one corrective retry."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from typing import Any, ClassVar
+
+from pydantic import AliasChoices, BaseModel, Field, ValidationError, field_validator
+
+from ._cases import ConversationalEvalTestCase
+from ._errors import InvalidJudgeAnswer, JudgeCallError
+from ._llm import CustomLLMClient, JudgeBackend, JudgeReply, RetryPolicy, call_with_retries, resolve_backend
+from ._results import ERROR_EMPTY_CONVERSATION, ERROR_INTERNAL, ERROR_INVALID_OUTPUT, MetricResult
+from ._transcript import DEFAULT_BUDGET_TOKENS, Redactor, render_transcript, user_message
+
+_FENCE = re.compile(r"```(?:json|JSON)?\s*(.*?)```", re.DOTALL)
+_MAX_EVIDENCE_ITEMS = 20
+_MAX_TEXT = 4_000
+
+
+class JudgeAnswer(BaseModel):
+    """What a judge must answer; `key_issues` is accepted for `evidence` (the Flow judge's name for it)."""
+
+    verdict: str
+    reason: str = ""
+    evidence: list[str] = Field(default_factory=list, validation_alias=AliasChoices("evidence", "key_issues"))
+
+    @field_validator("verdict", mode="before")
+    @classmethod
+    def _normalise_label(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return value.strip().lower()
+        return value
+
+    @field_validator("reason", mode="before")
+    @classmethod
+    def _reason_text(cls, value: Any) -> Any:
+        return "" if value is None else (value if isinstance(value, str) else json.dumps(value, ensure_ascii=False))
+
+    @field_validator("evidence", mode="before")
+    @classmethod
+    def _evidence_list(cls, value: Any) -> Any:
+        if value is None:
+            return []
+        if isinstance(value, str):
+            return [value] if value.strip() else []
+        if isinstance(value, list):
+            return [item if isinstance(item, str) else json.dumps(item, ensure_ascii=False) for item in value]
+        return value
+
+
+def _json_objects(text: str) -> list[Any]:
+    """Every JSON value the text could mean: the whole, fenced blocks, then objects embedded in prose."""
+    found: list[Any] = []
+    stripped = text.strip()
+    try:
+        found.append(json.loads(stripped))
+    except ValueError:
+        pass
+    for block in _FENCE.findall(text):
+        try:
+            found.append(json.loads(block.strip()))
+        except ValueError:
+            pass
+    decoder = json.JSONDecoder()
+    position = text.find("{")
+    while position != -1 and len(found) < 50:
+        try:
+            value, end = decoder.raw_decode(text, position)
+        except ValueError:
+            position = text.find("{", position + 1)
+            continue
+        found.append(value)
+        position = text.find("{", end)
+    return found
+
+
+def parse_answer(text: str, labels: frozenset[str]) -> JudgeAnswer:
+    """Parse the text into a JudgeAnswer whose verdict is one of `labels`; raise InvalidJudgeAnswer otherwise."""
+    if not text or not text.strip():
+        raise InvalidJudgeAnswer("the answer was empty")
+    candidates = [value for value in _json_objects(text) if isinstance(value, dict)]
+    if not candidates:
+        raise InvalidJudgeAnswer("the answer contained no JSON object")
+    problem = "no JSON object had a 'verdict'"
+    for candidate in candidates:
+        if "verdict" not in candidate:
+            continue
+        try:
+            answer = JudgeAnswer.model_validate(candidate)
+        except ValidationError as exc:
+            problem = f"the JSON object did not validate: {exc.errors()[0]['msg']}"
+            continue
+        if answer.verdict in labels:
+            answer.reason = answer.reason[:_MAX_TEXT]
+            answer.evidence = [item[:_MAX_TEXT] for item in answer.evidence[:_MAX_EVIDENCE_ITEMS]]
+            return answer
+        problem = f"verdict {answer.verdict[:80]!r} is not one of: {', '.join(sorted(labels))}"
+    raise InvalidJudgeAnswer(problem)
+
+
+class HolisticJudgeMetric:
+    """One LLM call over the whole conversation returns one verdict from a fixed label set, mapped to a score."""
+
+    name: ClassVar[str]
+    weights: ClassVar[dict[str, float]]
+    system_prompt: ClassVar[str]
+
+    def __init__(
+        self,
+        model: str | CustomLLMClient | JudgeBackend,
+        threshold: float = 0.7,
+        verbose: bool = False,
+        *,
+        timeout: float = 60.0,
+        max_retries: int = 3,
+        transcript_budget_tokens: int = DEFAULT_BUDGET_TOKENS,
+        redactor: Redactor | None = None,
+    ) -> None:
+        if not 0.0 <= threshold <= 1.0:
+            raise ValueError(f"threshold must be within 0..1, got {threshold}")
+        if timeout <= 0:
+            raise ValueError("timeout must be positive")
+        self.backend = resolve_backend(model)
+        self.model = model
+        self.threshold = threshold
+        self.verbose = verbose
+        self.timeout = timeout
+        self.retry_policy = RetryPolicy(max_retries=max_retries)
+        self.transcript_budget_tokens = transcript_budget_tokens
+        self.redactor = redactor
+        self.labels = frozenset(self.weights)
+
+    @property
+    def model_name(self) -> str:
+        return self.backend.model_name
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(model={self.model_name!r}, threshold={self.threshold})"
+
+    def build_messages(self, conversation: ConversationalEvalTestCase) -> list[dict[str, str]]:
+        """System: the static rubric (cacheable prefix). User: the conversation as delimited JSON data."""
+        transcript = render_transcript(
+            conversation.turns, budget_tokens=self.transcript_budget_tokens, redactor=self.redactor
+        )
+        return [
+            {"role": "system", "content": self.system_prompt},
+            {"role": "user", "content": user_message(transcript)},
+        ]
+
+    def _corrective_messages(self, messages: list[dict[str, str]], bad: str, problem: str) -> list[dict[str, str]]:
+        allowed = ", ".join(sorted(self.labels))
+        return [
+            *messages,
+            {"role": "assistant", "content": bad[:2_000]},
+            {
+                "role": "user",
+                "content": (
+                    f"Your previous answer could not be used: {problem}. Reply again with only one JSON object "
+                    f'{{"verdict": ..., "evidence": [...], "reason": ...}} where verdict is exactly one of: {allowed}.'
+                ),
+            },
+        ]
+
+    async def evaluate(self, conversation: ConversationalEvalTestCase) -> MetricResult:
+        """Judge the conversation; never raises for judge trouble: failures come back as results with `error` set."""
+        started = time.perf_counter()
+        result = MetricResult(name=self.name, threshold=self.threshold, model=self.model_name)
+        try:
+            await self._judge(conversation, result)
+        except Exception as exc:  # a bug of ours must not abort a batch either
+            self._fail(result, ERROR_INTERNAL, f"internal error: {exc!r}")
+        result.latency_s = time.perf_counter() - started
+        if self.verbose:
+            from .evaluate import print_metric_result
+
+            print_metric_result(result)
+        return result
+
+    # The seeds' library names.
+    a_measure = evaluate
+
+    async def _judge(self, conversation: ConversationalEvalTestCase, result: MetricResult) -> None:
+        if not conversation.turns:
+            self._fail(result, ERROR_EMPTY_CONVERSATION, "the conversation has no turns")
+            return
+        messages = self.build_messages(conversation)
+        problem = ""
+        for round_number in range(2):  # the answer, then at most one corrective retry
+            try:
+                reply, attempts = await call_with_retries(
+                    self.backend, messages, timeout=self.timeout, policy=self.retry_policy
+                )
+            except JudgeCallError as exc:
+                result.attempts += exc.attempts
+                self._fail(result, exc.kind, str(exc))
+                return
+            result.attempts += attempts
+            self._account(result, reply)
+            try:
+                answer = parse_answer(reply.text, self.labels)
+            except InvalidJudgeAnswer as exc:
+                problem = str(exc)
+                if round_number == 0:
+                    messages = self._corrective_messages(messages, reply.text, problem)
+                continue
+            result.verdict = answer.verdict
+            result.score = self.weights[answer.verdict]
+            result.success = result.score >= self.threshold
+            result.reason = answer.reason
+            result.evidence = answer.evidence
+            return
+        self._fail(result, ERROR_INVALID_OUTPUT, f"invalid judge output after a corrective retry: {problem}")
+
+    @staticmethod
+    def _account(result: MetricResult, reply: JudgeReply) -> None:
+        def add(current: float | int | None, extra: float | int | None) -> Any:
+            if extra is None:
+                return current
+            return extra if current is None else current + extra
+
+        result.cost_usd = add(result.cost_usd, reply.cost_usd)
+        result.input_tokens = add(result.input_tokens, reply.input_tokens)
+        result.output_tokens = add(result.output_tokens, reply.output_tokens)
+        result.cached_input_tokens = add(result.cached_input_tokens, reply.cached_input_tokens)
+
+    @staticmethod
+    def _fail(result: MetricResult, kind: str, message: str) -> None:
+        result.error = message
+        result.error_kind = kind
+        result.reason = message
+        result.score = None
+        result.verdict = None
+        result.success = False

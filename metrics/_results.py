@@ -1,0 +1,54 @@
+"""Judgements as values: a verdict with a score, or a failure with a reason, never a guessed score."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+# Why a judgement failed; these strings become the `reason` label of tracejudge_judge_errors_total.
+ERROR_TIMEOUT = "timeout"
+ERROR_RATE_LIMITED = "rate_limited"
+ERROR_SERVER = "server_error"
+ERROR_CONNECTION = "connection"
+ERROR_INVALID_OUTPUT = "invalid_output"
+ERROR_BAD_REQUEST = "bad_request"
+ERROR_AUTH = "auth"
+ERROR_CLIENT = "client_error"
+ERROR_EMPTY_CONVERSATION = "empty_conversation"
+ERROR_INTERNAL = "internal"
+
+
+class MetricResult(BaseModel):
+    """One metric's judgement of one conversation."""
+
+    name: str
+    score: float | None = None
+    success: bool = False
+    verdict: str | None = None
+    reason: str = ""
+    evidence: list[str] = Field(default_factory=list)
+    threshold: float
+    model: str
+    cost_usd: float | None = None
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    cached_input_tokens: int | None = None
+    latency_s: float = 0.0
+    attempts: int = 0
+    error: str | None = None
+    error_kind: str | None = None
+
+    @property
+    def failed(self) -> bool:
+        return self.error is not None
+
+
+class ConversationResult(BaseModel):
+    """Every metric's result for one conversation, in the order the metrics were given."""
+
+    index: int
+    name: str | None = None
+    metrics: list[MetricResult] = Field(default_factory=list)
+
+    @property
+    def success(self) -> bool:
+        return bool(self.metrics) and all(m.success for m in self.metrics)
