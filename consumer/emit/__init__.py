@@ -1,0 +1,1 @@
+"""Where verdicts go: Prometheus, OpenTelemetry (spans and events), the results topic."""

@@ -1,0 +1,11 @@
+"""Trace an LLM agent: each turn one OpenTelemetry GenAI span, shipped to Kafka for tracejudge to judge.
+
+Light on purpose: importing this package never imports LiteLLM or any judge code.
+"""
+
+from ._conversation import conversation, end_conversation
+from ._decorator import traced_agent
+from .exporter import KafkaSpanExporter
+from .setup import setup_tracing
+
+__all__ = ["KafkaSpanExporter", "conversation", "end_conversation", "setup_tracing", "traced_agent"]

@@ -1,0 +1,8 @@
+"""Environment variable names, in one module (explicit argument > environment variable > default)."""
+
+from __future__ import annotations
+
+TRACEJUDGE_KAFKA_BOOTSTRAP_SERVERS = "TRACEJUDGE_KAFKA_BOOTSTRAP_SERVERS"
+OTEL_EXPORTER_OTLP_ENDPOINT = "OTEL_EXPORTER_OTLP_ENDPOINT"
+OTEL_EXPORTER_OTLP_TRACES_ENDPOINT = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
+OTEL_SERVICE_NAME = "OTEL_SERVICE_NAME"
