@@ -1,4 +1,4 @@
-"""KafkaSpanExporter against a real Tansu broker; records read back with kafka-python, decoded with opentelemetry-proto."""
+"""KafkaSpanExporter against a real Tansu broker; records read back with kafka-python and opentelemetry-proto."""
 
 from __future__ import annotations
 
