@@ -154,3 +154,9 @@ class JudgeServer:
 def conversation_text(request: dict[str, Any]) -> str:
     """The user message of a judge request: where the conversation travels."""
     return next((m["content"] for m in request.get("messages", []) if m.get("role") == "user"), "")
+
+
+def metric_of(request: dict[str, Any]) -> str:
+    """Which judge sent the request, read from its static system prompt."""
+    system = next((m["content"] for m in request.get("messages", []) if m.get("role") == "system"), "")
+    return "conversational_flow" if '"fully"' in system else "failure_rate"

@@ -1,0 +1,150 @@
+"""Assemble a runnable consumer from Settings: judges, registry, /metrics, OTLP providers, result sinks.
+
+The CLI, the demo and the tests all build through here; only the CLI installs signal handlers.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client import CollectorRegistry, start_http_server
+
+from tracejudge.metrics import ConversationalFlowRateMetric, CustomLLMClient, FailureRateMetric
+from tracejudge.metrics._judge import HolisticJudgeMetric
+
+from .emit._kafka_writer import KafkaWriter
+from .emit.otel import EvaluationEmitter
+from .emit.prometheus import ConsumerMetrics
+from .emit.results_topic import ResultsTopic
+from .redact import redact_pii
+from .service import ConsumerService, JudgementSink
+from .settings import Settings
+
+logger = logging.getLogger("tracejudge.consumer")
+METRIC_CLASSES: dict[str, type[HolisticJudgeMetric]] = {
+    "failure_rate": FailureRateMetric,
+    "conversational_flow": ConversationalFlowRateMetric,
+}
+
+
+def build_judges(settings: Settings, judge: str | CustomLLMClient | None = None) -> list[HolisticJudgeMetric]:
+    model = judge if judge is not None else settings.judge_model
+    return [
+        METRIC_CLASSES[name](
+            model,
+            threshold=settings.threshold,
+            timeout=settings.judge_timeout,
+            max_retries=settings.judge_retries,
+            redactor=redact_pii if settings.redact else None,
+        )
+        for name in settings.metrics
+    ]
+
+
+def build_otlp_providers(endpoint: str, protocol: str, service_name: str = "tracejudge-consumer") -> tuple[Any, Any]:
+    """Tracer and logger providers exporting evaluation spans and events over OTLP (HTTP or gRPC)."""
+    from opentelemetry.sdk._logs import LoggerProvider
+    from opentelemetry.sdk._logs.export import BatchLogRecordProcessor
+    from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    base = endpoint.rstrip("/")
+    if protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc._log_exporter import OTLPLogExporter
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+        span_exporter: Any = OTLPSpanExporter(endpoint=base)
+        log_exporter: Any = OTLPLogExporter(endpoint=base)
+    else:
+        from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter as HTTPLogExporter
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HTTPSpanExporter
+
+        span_exporter = HTTPSpanExporter(endpoint=f"{base}/v1/traces")
+        log_exporter = HTTPLogExporter(endpoint=f"{base}/v1/logs")
+    resource = Resource.create({SERVICE_NAME: service_name})
+    tracer_provider = TracerProvider(resource=resource)
+    tracer_provider.add_span_processor(BatchSpanProcessor(span_exporter, schedule_delay_millis=500))
+    logger_provider = LoggerProvider(resource=resource)
+    logger_provider.add_log_record_processor(BatchLogRecordProcessor(log_exporter, schedule_delay_millis=500))
+    return tracer_provider, logger_provider
+
+
+@dataclass
+class App:
+    settings: Settings
+    service: ConsumerService
+    registry: CollectorRegistry
+    prometheus: ConsumerMetrics
+    tracer_provider: Any = None
+    logger_provider: Any = None
+    results_writer: KafkaWriter | None = None
+    http_server: Any = None
+    _closed: bool = field(default=False, repr=False)
+
+    @property
+    def metrics_url(self) -> str | None:
+        if self.http_server is None:
+            return None
+        host, port = self.http_server.server_address[:2]
+        return f"http://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{port}/metrics"
+
+    def run(self) -> None:
+        try:
+            self.service.run()
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self.results_writer is not None:
+            self.results_writer.close()
+        for provider in (self.tracer_provider, self.logger_provider):
+            if provider is not None:
+                try:
+                    provider.force_flush()
+                    provider.shutdown()
+                except Exception as exc:
+                    logger.warning("flushing OTLP output: %r", exc)
+        if self.http_server is not None:
+            self.http_server.shutdown()
+            self.http_server.server_close()
+
+
+def build_app(
+    settings: Settings,
+    *,
+    judge: str | CustomLLMClient | None = None,
+    registry: CollectorRegistry | None = None,
+    serve_metrics: bool = True,
+    tracer_provider: Any = None,
+    logger_provider: Any = None,
+    extra_sinks: list[JudgementSink] | None = None,
+) -> App:
+    registry = registry if registry is not None else CollectorRegistry()
+    prometheus = ConsumerMetrics(
+        registry,
+        max_agents=settings.max_agents,
+        window_sessions=settings.window_sessions,
+        window_seconds=settings.window_seconds,
+    )
+    sinks: list[JudgementSink] = list(extra_sinks or [])
+    if tracer_provider is None and settings.otlp_endpoint:
+        tracer_provider, logger_provider = build_otlp_providers(settings.otlp_endpoint, settings.otlp_protocol)
+    if tracer_provider is not None:
+        sinks.append(EvaluationEmitter(tracer_provider, logger_provider))
+    results_writer = None
+    if settings.results_topic:
+        results_writer = KafkaWriter(
+            settings.bootstrap_servers, settings.results_topic, **settings.producer_config()
+        ).start()
+        sinks.append(ResultsTopic(results_writer))
+    service = ConsumerService(settings, build_judges(settings, judge), prometheus, sinks=sinks)
+    http_server = None
+    if serve_metrics:
+        http_server, _thread = start_http_server(settings.metrics_port, settings.metrics_host, registry=registry)
+    return App(settings, service, registry, prometheus, tracer_provider, logger_provider, results_writer, http_server)

@@ -1,0 +1,149 @@
+"""Kafka record → spans: OTLP protobuf (`ExportTraceServiceRequest`, the Collector's `otlp_proto`) or OTLP JSON."""
+
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from google.protobuf.message import DecodeError
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue
+
+from ._errors import ConsumerError
+
+DEFAULT_MAX_RECORD_BYTES = 8 * 1024 * 1024
+_STATUS_ERROR = 2
+
+
+class MalformedRecord(ConsumerError):
+    """A record that is not an OTLP trace export we can read; counted and dead-lettered, never fatal."""
+
+
+@dataclass(slots=True)
+class DecodedSpan:
+    trace_id: str
+    span_id: str
+    parent_span_id: str
+    name: str
+    start_ns: int
+    end_ns: int
+    attributes: dict[str, Any]
+    is_error: bool = False
+    resource: dict[str, Any] = field(default_factory=dict)
+
+
+def _any_value(value: AnyValue) -> Any:
+    kind = value.WhichOneof("value")
+    if kind is None:
+        return None
+    if kind == "array_value":
+        return [_any_value(v) for v in value.array_value.values]
+    if kind == "kvlist_value":
+        return {kv.key: _any_value(kv.value) for kv in value.kvlist_value.values}
+    return getattr(value, kind)
+
+
+def _attributes(pairs: Any) -> dict[str, Any]:
+    return {kv.key: _any_value(kv.value) for kv in pairs}
+
+
+def _decode_protobuf(value: bytes) -> list[DecodedSpan]:
+    try:
+        request = ExportTraceServiceRequest.FromString(value)
+    except (DecodeError, RuntimeError, ValueError) as exc:
+        raise MalformedRecord(f"not an OTLP protobuf trace export: {exc}") from exc
+    spans: list[DecodedSpan] = []
+    for resource_spans in request.resource_spans:
+        resource = _attributes(resource_spans.resource.attributes)
+        for scope_spans in resource_spans.scope_spans:
+            for span in scope_spans.spans:
+                spans.append(
+                    DecodedSpan(
+                        trace_id=span.trace_id.hex(),
+                        span_id=span.span_id.hex(),
+                        parent_span_id=span.parent_span_id.hex(),
+                        name=span.name,
+                        start_ns=span.start_time_unix_nano,
+                        end_ns=span.end_time_unix_nano,
+                        attributes=_attributes(span.attributes),
+                        is_error=span.status.code == _STATUS_ERROR,
+                        resource=resource,
+                    )
+                )
+    return spans
+
+
+def _json_any_value(value: Any) -> Any:
+    if not isinstance(value, dict):
+        return value
+    for key in ("stringValue", "boolValue", "doubleValue"):
+        if key in value:
+            return value[key]
+    if "intValue" in value:
+        return int(value["intValue"])
+    if "arrayValue" in value:
+        return [_json_any_value(v) for v in value["arrayValue"].get("values", [])]
+    if "kvlistValue" in value:
+        return {kv["key"]: _json_any_value(kv.get("value")) for kv in value["kvlistValue"].get("values", [])}
+    if "bytesValue" in value:
+        return base64.b64decode(value["bytesValue"])
+    return None
+
+
+def _json_attributes(pairs: Any) -> dict[str, Any]:
+    if not isinstance(pairs, list):
+        return {}
+    return {kv["key"]: _json_any_value(kv.get("value")) for kv in pairs if isinstance(kv, dict) and "key" in kv}
+
+
+def _json_id(value: Any) -> str:
+    """OTLP/JSON ids are hex; be lenient with base64 (protobuf's generic JSON mapping)."""
+    if not isinstance(value, str) or not value:
+        return ""
+    try:
+        bytes.fromhex(value)
+        return value.lower()
+    except ValueError:
+        return base64.b64decode(value).hex()
+
+
+def _decode_json(value: bytes) -> list[DecodedSpan]:
+    try:
+        document = json.loads(value)
+        spans: list[DecodedSpan] = []
+        for resource_spans in document.get("resourceSpans") or document.get("resource_spans") or []:
+            resource = _json_attributes((resource_spans.get("resource") or {}).get("attributes"))
+            for scope_spans in resource_spans.get("scopeSpans") or resource_spans.get("scope_spans") or []:
+                for span in scope_spans.get("spans") or []:
+                    status = span.get("status") or {}
+                    code = status.get("code")
+                    spans.append(
+                        DecodedSpan(
+                            trace_id=_json_id(span.get("traceId")),
+                            span_id=_json_id(span.get("spanId")),
+                            parent_span_id=_json_id(span.get("parentSpanId")),
+                            name=str(span.get("name", "")),
+                            start_ns=int(span.get("startTimeUnixNano") or 0),
+                            end_ns=int(span.get("endTimeUnixNano") or 0),
+                            attributes=_json_attributes(span.get("attributes")),
+                            is_error=code in (2, "STATUS_CODE_ERROR"),
+                            resource=resource,
+                        )
+                    )
+        return spans
+    except (ValueError, TypeError, AttributeError, KeyError) as exc:
+        raise MalformedRecord(f"not an OTLP JSON trace export: {exc!r}"[:300]) from exc
+
+
+def decode_record(value: bytes | None, *, max_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> list[DecodedSpan]:
+    """Every span in one record; raises MalformedRecord for anything we cannot read (or an empty export)."""
+    if not value:
+        raise MalformedRecord("empty record")
+    if len(value) > max_bytes:
+        raise MalformedRecord(f"record of {len(value)} bytes exceeds the {max_bytes}-byte limit")
+    spans = _decode_json(value) if value[:1] == b"{" else _decode_protobuf(value)
+    if not spans:
+        raise MalformedRecord("the record holds no spans")
+    return spans

@@ -1,0 +1,199 @@
+"""Prometheus metrics on the consumer's own CollectorRegistry. The names are a contract (dashboard, alerts, users)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from tracejudge.metrics.conversational_flow import CONVERSATIONAL_FLOW_WEIGHTS
+from tracejudge.metrics.failure_rate import FAILURE_RATE_WEIGHTS
+
+from ..pool import OUTCOME_FAILED, OUTCOME_JUDGED, OUTCOME_SAMPLED_OUT, OUTCOME_SKIPPED_BUDGET, Judgement
+
+OTHER_AGENT = "_other"
+FAILURE_RATE = "failure_rate"
+CONVERSATIONAL_FLOW = "conversational_flow"
+VERDICTS = {FAILURE_RATE: tuple(FAILURE_RATE_WEIGHTS), CONVERSATIONAL_FLOW: tuple(CONVERSATIONAL_FLOW_WEIGHTS)}
+OUTCOMES = (OUTCOME_JUDGED, OUTCOME_SAMPLED_OUT, OUTCOME_FAILED, OUTCOME_SKIPPED_BUDGET)
+SCORE_BUCKETS = (0.0, 0.3, 0.4, 0.6, 0.7, 0.9, 1.0)
+LATENCY_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0, 120.0)
+
+
+class AgentLabels:
+    """Cardinality guard: the first `max_agents` distinct names keep their label, later ones become `_other`."""
+
+    def __init__(self, max_agents: int) -> None:
+        self.max_agents = max_agents
+        self._known: set[str] = set()
+        self._lock = threading.Lock()
+
+    def __call__(self, agent: str) -> str:
+        if agent in self._known:
+            return agent
+        with self._lock:
+            if agent in self._known:
+                return agent
+            if len(self._known) < self.max_agents:
+                self._known.add(agent)
+                return agent
+        return OTHER_AGENT
+
+
+class _Windows(Collector):
+    """tracejudge_hallucination_rate and tracejudge_flow_score: per agent, the last N judged conversations,
+    limited to the last T seconds, computed at scrape time so an idle agent's window still ages out."""
+
+    def __init__(self, window_sessions: int, window_seconds: float) -> None:
+        self.window_sessions = window_sessions
+        self.window_seconds = window_seconds
+        self._hallucinations: dict[str, deque[tuple[float, float]]] = {}
+        self._flow: dict[str, deque[tuple[float, float]]] = {}
+        self._lock = threading.Lock()
+
+    def add(self, metric: str, agent: str, score: float, verdict: str, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            if metric == FAILURE_RATE:
+                windows, value = self._hallucinations, 1.0 if verdict == "hallucination" else 0.0
+            elif metric == CONVERSATIONAL_FLOW:
+                windows, value = self._flow, score
+            else:
+                return
+            window = windows.get(agent)
+            if window is None:
+                window = windows[agent] = deque(maxlen=self.window_sessions)
+            window.append((now, value))
+
+    def values(self, now: float | None = None) -> tuple[dict[str, float], dict[str, float]]:
+        now = time.monotonic() if now is None else now
+        cutoff = now - self.window_seconds
+        out: list[dict[str, float]] = []
+        with self._lock:
+            for windows in (self._hallucinations, self._flow):
+                means: dict[str, float] = {}
+                for agent, window in windows.items():
+                    while window and window[0][0] < cutoff:
+                        window.popleft()
+                    if window:
+                        means[agent] = sum(v for _, v in window) / len(window)
+                out.append(means)
+        return out[0], out[1]
+
+    def describe(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily("tracejudge_hallucination_rate", "", labels=["agent"])
+        yield GaugeMetricFamily("tracejudge_flow_score", "", labels=["agent"])
+
+    def collect(self) -> Iterator[Metric]:
+        hallucination, flow = self.values()
+        rate = GaugeMetricFamily(
+            "tracejudge_hallucination_rate",
+            "Share of Failure Rate verdicts that are hallucination over the agent's recent judged conversations",
+            labels=["agent"],
+        )
+        for agent, value in hallucination.items():
+            rate.add_metric([agent], value)
+        score = GaugeMetricFamily(
+            "tracejudge_flow_score",
+            "Mean Conversational Flow score over the agent's recent judged conversations",
+            labels=["agent"],
+        )
+        for agent, value in flow.items():
+            score.add_metric([agent], value)
+        yield rate
+        yield score
+
+
+class ConsumerMetrics:
+    """Every metric the consumer exports; call the `record_*` methods from any thread."""
+
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        *,
+        max_agents: int = 200,
+        window_sessions: int = 100,
+        window_seconds: float = 900.0,
+    ) -> None:
+        self.registry = registry
+        self.agent_label = AgentLabels(max_agents)
+        self.windows = _Windows(window_sessions, window_seconds)
+        registry.register(self.windows)
+        self.verdicts = Counter(
+            "tracejudge_verdicts_total", "Every verdict", ["agent", "metric", "verdict"], registry=registry
+        )
+        self.score = Histogram(
+            "tracejudge_score", "Judge scores", ["agent", "metric"], buckets=SCORE_BUCKETS, registry=registry
+        )
+        self.sessions = Counter(
+            "tracejudge_sessions_total", "Conversations by outcome", ["agent", "outcome"], registry=registry
+        )
+        self.judge_errors = Counter(
+            "tracejudge_judge_errors_total", "Failed judge calls by reason", ["metric", "reason"], registry=registry
+        )
+        self.judge_latency = Histogram(
+            "tracejudge_judge_latency_seconds",
+            "Judge call latency",
+            ["metric"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.judge_cost = Counter(
+            "tracejudge_judge_cost_usd_total", "Judge spend in USD", ["metric", "model"], registry=registry
+        )
+        self.judge_tokens = Counter(
+            "tracejudge_judge_tokens_total",
+            "Judge tokens: input (not cached), cached_input, output",
+            ["metric", "model", "direction"],
+            registry=registry,
+        )
+        self.sessions_open = Gauge("tracejudge_sessions_open", "Conversations being assembled", registry=registry)
+        self.in_flight = Gauge("tracejudge_judgements_in_flight", "Judge calls under way", registry=registry)
+        self.records = Counter("tracejudge_records_total", "Kafka records by outcome", ["outcome"], registry=registry)
+        self.lag = Gauge("tracejudge_consumer_lag", "Records behind the log end", ["partition"], registry=registry)
+        for outcome in ("ok", "malformed"):
+            self.records.labels(outcome=outcome)
+        self._seen_agents: set[str] = set()
+
+    def _agent(self, agent: str) -> str:
+        label = self.agent_label(agent)
+        if label not in self._seen_agents:
+            # Pre-create the agent's series at zero so rate() and increase() see the first verdict.
+            self._seen_agents.add(label)
+            for metric, verdicts in VERDICTS.items():
+                for verdict in verdicts:
+                    self.verdicts.labels(agent=label, metric=metric, verdict=verdict)
+            for outcome in OUTCOMES:
+                self.sessions.labels(agent=label, outcome=outcome)
+        return label
+
+    def record_judgement(self, judgement: Judgement) -> None:
+        agent = self._agent(judgement.job.agent)
+        self.sessions.labels(agent=agent, outcome=judgement.outcome).inc()
+        for result in judgement.results:
+            self.judge_latency.labels(metric=result.name).observe(result.latency_s)
+            if result.cost_usd:
+                self.judge_cost.labels(metric=result.name, model=result.model).inc(result.cost_usd)
+            cached = result.cached_input_tokens or 0
+            if result.input_tokens:
+                uncached = max(0, result.input_tokens - cached)
+                self.judge_tokens.labels(metric=result.name, model=result.model, direction="input").inc(uncached)
+            if cached:
+                self.judge_tokens.labels(metric=result.name, model=result.model, direction="cached_input").inc(cached)
+            if result.output_tokens:
+                tokens = self.judge_tokens.labels(metric=result.name, model=result.model, direction="output")
+                tokens.inc(result.output_tokens)
+            if result.error is not None or result.score is None or result.verdict is None:
+                self.judge_errors.labels(metric=result.name, reason=result.error_kind or "unknown").inc()
+                continue
+            self.verdicts.labels(agent=agent, metric=result.name, verdict=result.verdict).inc()
+            self.score.labels(agent=agent, metric=result.name).observe(result.score)
+            self.windows.add(result.name, agent, result.score, result.verdict)
+
+    def record_records(self, outcome: str, count: int = 1) -> None:
+        self.records.labels(outcome=outcome).inc(count)

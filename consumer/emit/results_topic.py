@@ -1,0 +1,20 @@
+"""One JSON record per conversation, metric and version, keyed by conversation id: for warehouses and replays."""
+
+from __future__ import annotations
+
+import json
+
+from ..pool import Judgement
+from ..results import result_record
+from ._kafka_writer import KafkaWriter
+
+
+class ResultsTopic:
+    def __init__(self, writer: KafkaWriter) -> None:
+        self.writer = writer
+
+    def emit(self, judgement: Judgement) -> None:
+        key = judgement.job.conversation_id.encode("utf-8", "surrogatepass")
+        for result in judgement.results:
+            value = json.dumps(result_record(judgement, result), ensure_ascii=False).encode("utf-8", "surrogatepass")
+            self.writer.write(key, value)

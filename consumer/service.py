@@ -1,0 +1,296 @@
+"""The consumer service: poll → decode → adapt → assemble → complete → sample → judge (async) → emit → commit.
+
+Only this module's poll thread touches the Kafka consumer (kafka-python's consumer is not thread-safe). Judgements
+finish on the pool's thread, emit there, then come back through a queue so the poll thread can release their
+offset holds and commit.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+from kafka import ConsumerRebalanceListener, KafkaConsumer, TopicPartition
+from kafka.structs import OffsetAndMetadata
+
+from tracejudge.metrics._judge import HolisticJudgeMetric
+from tracejudge.tracer._internal import RateLimitedLog
+
+from .adapters import extract
+from .decode import MalformedRecord, decode_record
+from .emit._kafka_writer import KafkaWriter
+from .emit.prometheus import ConsumerMetrics
+from .offsets import OffsetTracker
+from .pool import OUTCOME_SAMPLED_OUT, Judgement, JudgePool
+from .sampling import Sampler
+from .sessions import JudgeJob, SessionStore
+from .settings import Settings
+
+logger = logging.getLogger("tracejudge.consumer")
+
+
+class JudgementSink(Protocol):
+    def emit(self, judgement: Judgement) -> None: ...
+
+
+class _Rebalance(ConsumerRebalanceListener):
+    def __init__(self, service: ConsumerService) -> None:
+        self.service = service
+
+    def on_partitions_revoked(self, revoked: Any) -> None:
+        self.service._on_revoked({tp.partition for tp in revoked if tp.topic == self.service.settings.topic})
+
+    def on_partitions_assigned(self, assigned: Any) -> None:
+        logger.info("partitions assigned: %s", sorted(tp.partition for tp in assigned))
+
+
+class ConsumerService:
+    """Runs until `request_stop()`; library code: registry, metrics and sinks come in as arguments."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        metrics: Sequence[HolisticJudgeMetric],
+        prometheus: ConsumerMetrics,
+        *,
+        sinks: Sequence[JudgementSink] = (),
+        consumer_factory: Callable[..., KafkaConsumer] = KafkaConsumer,
+    ) -> None:
+        self.settings = settings
+        self.prometheus = prometheus
+        self.sinks = list(sinks)
+        self.consumer_factory = consumer_factory
+        self.store = SessionStore(
+            idle_timeout_s=settings.session_idle_timeout,
+            max_open=settings.max_open_conversations,
+            max_turns=settings.max_turns_per_conversation,
+        )
+        self.sampler = Sampler(settings.sample_rate, settings.agent_sample_rates)
+        self.offsets = OffsetTracker()
+        self.pool = JudgePool(
+            metrics,
+            self._judged,
+            max_concurrency=settings.max_concurrency,
+            max_requests_per_minute=settings.max_requests_per_minute,
+            max_cost_per_hour=settings.max_cost_per_hour,
+        )
+        self.max_pending = settings.max_concurrency * 4 + 1_000
+        self._done: queue.SimpleQueue[JudgeJob] = queue.SimpleQueue()
+        self._stop = threading.Event()
+        self._consumer: KafkaConsumer | None = None
+        self._dead_letter: KafkaWriter | None = None
+        self._paused = False
+        self._committed: dict[int, int] = {}
+        self._malformed_log = RateLimitedLog(logger, interval_s=10.0)
+        self.ready = threading.Event()
+        self.judgements = 0
+
+    # -- lifecycle -------------------------------------------------------------------------------------------------
+
+    def request_stop(self) -> None:
+        """Thread- and signal-safe."""
+        self._stop.set()
+
+    def run(self) -> None:
+        settings = self.settings
+        config: dict[str, Any] = {
+            "bootstrap_servers": settings.bootstrap_servers,
+            "group_id": settings.group_id,
+            "client_id": "tracejudge-consumer",
+            "enable_auto_commit": False,
+            "auto_offset_reset": settings.start_from,
+            "max_poll_records": 500,
+            **settings.consumer_config(),
+        }
+        self._consumer = self.consumer_factory(**config)
+        self._consumer.subscribe([settings.topic], listener=_Rebalance(self))
+        if settings.dead_letter_topic:
+            self._dead_letter = KafkaWriter(
+                settings.bootstrap_servers, settings.dead_letter_topic, **settings.producer_config()
+            ).start()
+        self.pool.start()
+        self.ready.set()
+        logger.info("consuming %r as group %r from %s", settings.topic, settings.group_id, settings.bootstrap_servers)
+        last_commit = last_idle = last_lag = time.monotonic()
+        try:
+            while not self._stop.is_set():
+                self._poll_once()
+                now = time.monotonic()
+                if now - last_idle >= 0.5:
+                    for key in self.store.expire_idle(now):
+                        self.offsets.release(key)
+                    last_idle = now
+                self._dispatch_ready()
+                self._drain_done()
+                self._backpressure()
+                if now - last_commit >= settings.commit_interval:
+                    self._commit()
+                    last_commit = now
+                if now - last_lag >= 2.0:
+                    self._update_gauges(lag=True)
+                    last_lag = now
+                else:
+                    self._update_gauges(lag=False)
+        finally:
+            self._shutdown()
+
+    def _shutdown(self) -> None:
+        finished = self.pool.stop(self.settings.shutdown_grace)
+        if not finished:
+            logger.warning("judgements still running after the %.0fs grace period are left uncommitted")
+        self._drain_done()
+        try:
+            self._commit()
+        except Exception as exc:
+            logger.warning("final commit failed: %r", exc)
+        if self._consumer is not None:
+            try:
+                self._consumer.close(autocommit=False)
+            except Exception as exc:
+                logger.warning("closing the consumer: %r", exc)
+        if self._dead_letter is not None:
+            self._dead_letter.close()
+        logger.info("stopped: %d conversations judged in this run", self.judgements)
+
+    # -- the poll thread -------------------------------------------------------------------------------------------
+
+    def _poll_once(self) -> None:
+        assert self._consumer is not None
+        batches = self._consumer.poll(timeout_ms=200, max_records=500)
+        now = time.monotonic()
+        for tp, records in batches.items():
+            for record in records:
+                self._ingest(tp.partition, record, now)
+            self.offsets.consumed(tp.partition, records[-1].offset + 1)
+
+    def _ingest(self, partition: int, record: Any, now: float) -> None:
+        try:
+            spans = decode_record(record.value, max_bytes=self.settings.max_record_bytes)
+        except MalformedRecord as exc:
+            self._malformed(record, str(exc))
+            return
+        self.prometheus.record_records("ok")
+        for span in spans:
+            try:
+                event = extract(span)
+                if event is None:
+                    continue
+                hold = self.store.apply(event, partition, record.offset, now)
+                if hold is not None:
+                    self.offsets.hold(hold, partition, record.offset)
+            except Exception as exc:  # one bad span never costs the rest of the record
+                self._malformed_log.warning("skipped a span at %s:%d: %r", partition, record.offset, exc)
+
+    def _malformed(self, record: Any, reason: str) -> None:
+        self.prometheus.record_records("malformed")
+        self._malformed_log.warning(
+            "malformed record at partition %d offset %d: %s", record.partition, record.offset, reason
+        )
+        if self._dead_letter is not None:
+            headers = [
+                ("tracejudge.error", reason.encode("utf-8", "replace")[:1000]),
+                ("tracejudge.source", f"{record.topic}/{record.partition}/{record.offset}".encode()),
+            ]
+            self._dead_letter.write(record.key, record.value or b"", headers)
+
+    def _dispatch_ready(self) -> None:
+        for job in self.store.take_ready():
+            if self.sampler.should_judge(job):
+                self.pool.submit(job)
+            else:
+                self._emit(Judgement(job, OUTCOME_SAMPLED_OUT))
+                self._finish(job)
+
+    def _drain_done(self) -> None:
+        while True:
+            try:
+                job = self._done.get_nowait()
+            except queue.Empty:
+                return
+            self._finish(job)
+
+    def _finish(self, job: JudgeJob) -> None:
+        self.store.finished(job)
+        self.offsets.release(job.key)
+
+    def _backpressure(self) -> None:
+        assert self._consumer is not None
+        full = self.store.over_capacity or self.pool.pending >= self.max_pending
+        if full and not self._paused:
+            self._consumer.pause(*self._consumer.assignment())
+            self._paused = True
+            logger.warning(
+                "backpressure: pausing partitions (%d open conversations, %d judgements pending)",
+                len(self.store),
+                self.pool.pending,
+            )
+        elif self._paused and not full:
+            self._consumer.resume(*self._consumer.paused())
+            self._paused = False
+            logger.info("backpressure released: resuming partitions")
+
+    def _commit(self, partitions: set[int] | None = None) -> None:
+        if self._consumer is None:
+            return
+        assigned = {tp.partition for tp in self._consumer.assignment()}
+        offsets = {
+            TopicPartition(self.settings.topic, partition): OffsetAndMetadata(offset, "", -1)
+            for partition, offset in self.offsets.committable().items()
+            if partition in assigned
+            and (partitions is None or partition in partitions)
+            and self._committed.get(partition) != offset
+        }
+        if not offsets:
+            return
+        try:
+            self._consumer.commit(offsets)
+        except Exception as exc:
+            logger.warning("commit failed (will retry): %r", exc)
+            return
+        for tp, meta in offsets.items():
+            self._committed[tp.partition] = meta.offset
+
+    def _on_revoked(self, partitions: set[int]) -> None:
+        if not partitions:
+            return
+        self._drain_done()
+        self._commit(partitions)
+        for key in self.store.drop_partitions(partitions):
+            self.offsets.release(key)
+        self.offsets.forget_partitions(partitions)
+        for partition in partitions:
+            self._committed.pop(partition, None)
+        logger.info("partitions revoked: %s (their open conversations are left to the new owner)", sorted(partitions))
+
+    def _update_gauges(self, *, lag: bool) -> None:
+        self.prometheus.sessions_open.set(len(self.store))
+        self.prometheus.in_flight.set(self.pool.in_flight)
+        if not lag or self._consumer is None:
+            return
+        positions = self.offsets.positions()
+        for tp in self._consumer.assignment():
+            highwater = self._consumer.highwater(tp)
+            if highwater is None:
+                continue
+            consumed = positions.get(tp.partition)
+            behind = highwater - (consumed if consumed is not None else 0)
+            self.prometheus.lag.labels(partition=str(tp.partition)).set(max(0, behind))
+
+    # -- the pool thread -------------------------------------------------------------------------------------------
+
+    def _judged(self, judgement: Judgement) -> None:
+        self.judgements += 1
+        self._emit(judgement)
+        self._done.put(judgement.job)
+
+    def _emit(self, judgement: Judgement) -> None:
+        self.prometheus.record_judgement(judgement)
+        for sink in self.sinks:
+            try:
+                sink.emit(judgement)
+            except Exception:
+                logger.exception("a result sink failed for conversation %s", judgement.job.conversation_id)

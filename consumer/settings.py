@@ -1,0 +1,164 @@
+"""Every consumer option in one place: a flag and an environment variable each (flag > env > default)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+KNOWN_METRICS = ("failure_rate", "conversational_flow")
+
+
+def _env(name: str, default: Any) -> Any:
+    return Field(default, validation_alias=name)
+
+
+def parse_pairs(value: Any, what: str) -> dict[str, str]:
+    """`KEY=VALUE` items from a list, a comma-separated string or a dict."""
+    if value is None or value == "":
+        return {}
+    if isinstance(value, dict):
+        return {str(k): str(v) for k, v in value.items()}
+    items = value if isinstance(value, list | tuple) else str(value).split(",")
+    pairs: dict[str, str] = {}
+    for item in items:
+        item = str(item).strip()
+        if not item:
+            continue
+        key, sep, val = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"bad {what} {item!r}: expected KEY=VALUE")
+        pairs[key.strip()] = val.strip()
+    return pairs
+
+
+def _coerce(value: str) -> Any:
+    """Kafka client options arrive as strings; give kafka-python ints and booleans where they look like them."""
+    lowered = value.lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    try:
+        return int(value)
+    except ValueError:
+        return value
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(populate_by_name=True, extra="forbid", case_sensitive=False)
+
+    bootstrap_servers: str = _env("TRACEJUDGE_KAFKA_BOOTSTRAP_SERVERS", "localhost:9092")
+    topic: str = _env("TRACEJUDGE_TOPIC", "otlp_spans")
+    group_id: str = _env("TRACEJUDGE_GROUP_ID", "tracejudge")
+    start_from: Literal["latest", "earliest"] = _env("TRACEJUDGE_START_FROM", "latest")
+    judge_model: str = _env("TRACEJUDGE_JUDGE_MODEL", "gpt-4o-mini")
+    metrics: Annotated[list[str], NoDecode] = _env("TRACEJUDGE_METRICS", ["failure_rate", "conversational_flow"])
+    sample_rate: float = _env("TRACEJUDGE_SAMPLE_RATE", 1.0)
+    agent_sample_rates: Annotated[dict[str, float], NoDecode] = _env("TRACEJUDGE_AGENT_SAMPLE_RATES", {})
+    session_idle_timeout: float = _env("TRACEJUDGE_SESSION_IDLE_TIMEOUT", 300.0)
+    max_concurrency: int = _env("TRACEJUDGE_MAX_CONCURRENCY", 16)
+    max_requests_per_minute: float | None = _env("TRACEJUDGE_MAX_REQUESTS_PER_MINUTE", None)
+    max_cost_per_hour: float | None = _env("TRACEJUDGE_MAX_COST_PER_HOUR", None)
+    metrics_host: str = _env("TRACEJUDGE_METRICS_HOST", "0.0.0.0")
+    metrics_port: int = _env("TRACEJUDGE_METRICS_PORT", 9464)
+    max_agents: int = _env("TRACEJUDGE_MAX_AGENTS", 200)
+    otlp_endpoint: str | None = _env("OTEL_EXPORTER_OTLP_ENDPOINT", None)
+    otlp_protocol: Literal["http/protobuf", "grpc"] = _env("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
+    results_topic: str | None = _env("TRACEJUDGE_RESULTS_TOPIC", None)
+    dead_letter_topic: str | None = _env("TRACEJUDGE_DEAD_LETTER_TOPIC", None)
+    kafka_config: Annotated[dict[str, Any], NoDecode] = _env("TRACEJUDGE_KAFKA_CONFIG", {})
+    window_sessions: int = _env("TRACEJUDGE_WINDOW_SESSIONS", 100)
+    window_seconds: float = _env("TRACEJUDGE_WINDOW_SECONDS", 900.0)
+    redact: bool = _env("TRACEJUDGE_REDACT", True)
+    shutdown_grace: float = _env("TRACEJUDGE_SHUTDOWN_GRACE", 30.0)
+    judge_timeout: float = _env("TRACEJUDGE_JUDGE_TIMEOUT", 60.0)
+    judge_retries: int = _env("TRACEJUDGE_JUDGE_RETRIES", 3)
+    threshold: float = _env("TRACEJUDGE_THRESHOLD", 0.7)
+    max_open_conversations: int = _env("TRACEJUDGE_MAX_OPEN_CONVERSATIONS", 100_000)
+    max_turns_per_conversation: int = _env("TRACEJUDGE_MAX_TURNS_PER_CONVERSATION", 1_000)
+    max_record_bytes: int = _env("TRACEJUDGE_MAX_RECORD_BYTES", 8 * 1024 * 1024)
+    commit_interval: float = _env("TRACEJUDGE_COMMIT_INTERVAL", 2.0)
+    log_format: Literal["text", "json"] = _env("TRACEJUDGE_LOG_FORMAT", "text")
+    log_level: str = _env("TRACEJUDGE_LOG_LEVEL", "INFO")
+
+    @field_validator("metrics", mode="before")
+    @classmethod
+    def _metrics(cls, value: Any) -> list[str]:
+        names = value if isinstance(value, list | tuple) else str(value).split(",")
+        names = [str(n).strip() for n in names if str(n).strip()]
+        unknown = [n for n in names if n not in KNOWN_METRICS]
+        if unknown:
+            raise ValueError(f"unknown metric(s) {', '.join(unknown)}; known: {', '.join(KNOWN_METRICS)}")
+        if not names:
+            raise ValueError("at least one metric is needed")
+        return names
+
+    @field_validator("agent_sample_rates", mode="before")
+    @classmethod
+    def _agent_rates(cls, value: Any) -> dict[str, float]:
+        rates: dict[str, float] = {}
+        for agent, raw in parse_pairs(value, "agent sample rate").items():
+            try:
+                rate = float(raw)
+            except ValueError:
+                raise ValueError(f"agent sample rate for {agent!r} is not a number: {raw!r}") from None
+            if not 0.0 <= rate <= 1.0:
+                raise ValueError(f"agent sample rate for {agent!r} must be within 0..1, got {rate}")
+            rates[agent] = rate
+        return rates
+
+    @field_validator("kafka_config", mode="before")
+    @classmethod
+    def _kafka_config(cls, value: Any) -> dict[str, Any]:
+        from kafka import KafkaConsumer, KafkaProducer
+
+        if isinstance(value, dict):
+            pairs = {str(k): v for k, v in value.items()}
+        else:
+            pairs = {k: _coerce(v) for k, v in parse_pairs(value, "Kafka option").items()}
+        known = set(KafkaConsumer.DEFAULT_CONFIG) | set(KafkaProducer.DEFAULT_CONFIG)
+        unknown = sorted(set(pairs) - known)
+        if unknown:
+            raise ValueError(f"unknown Kafka client option(s): {', '.join(unknown)}")
+        return pairs
+
+    @field_validator("sample_rate")
+    @classmethod
+    def _rate(cls, value: float) -> float:
+        if not 0.0 <= value <= 1.0:
+            raise ValueError(f"sample rate must be within 0..1, got {value}")
+        return value
+
+    @model_validator(mode="after")
+    def _positive(self) -> Settings:
+        for name in ("max_concurrency", "max_agents", "window_sessions", "max_open_conversations"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1")
+        for name in ("session_idle_timeout", "window_seconds", "judge_timeout"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive")
+        if self.max_requests_per_minute is not None and self.max_requests_per_minute <= 0:
+            raise ValueError("max_requests_per_minute must be positive")
+        if self.max_cost_per_hour is not None and self.max_cost_per_hour < 0:
+            raise ValueError("max_cost_per_hour must not be negative")
+        return self
+
+    @classmethod
+    def from_options(cls, **options: Any) -> Settings:
+        """Build from explicit options (by field name), which win over the environment."""
+        aliased = {}
+        for name, value in options.items():
+            field = cls.model_fields.get(name)
+            alias = field.validation_alias if field is not None else None
+            aliased[alias if isinstance(alias, str) else name] = value
+        return cls(**aliased)
+
+    def consumer_config(self) -> dict[str, Any]:
+        from kafka import KafkaConsumer
+
+        return {k: v for k, v in self.kafka_config.items() if k in KafkaConsumer.DEFAULT_CONFIG}
+
+    def producer_config(self) -> dict[str, Any]:
+        from kafka import KafkaProducer
+
+        return {k: v for k, v in self.kafka_config.items() if k in KafkaProducer.DEFAULT_CONFIG}

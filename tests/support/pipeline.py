@@ -1,0 +1,109 @@
+"""Helpers to run the real pipeline in tests: a traced app producing to Tansu, and the consumer in a thread."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from opentelemetry.sdk.trace import TracerProvider
+from prometheus_client import CollectorRegistry
+
+from tracejudge.consumer.app import App, build_app
+from tracejudge.consumer.settings import Settings
+from tracejudge.tracer import end_conversation, setup_tracing, traced_agent
+
+
+def consumer_settings(bootstrap: str, topic: str, **overrides: Any) -> Settings:
+    options: dict[str, Any] = {
+        "bootstrap_servers": bootstrap,
+        "topic": topic,
+        "group_id": f"tj-{uuid.uuid4().hex[:8]}",
+        "start_from": "earliest",
+        "judge_model": "gpt-4o-mini",
+        "session_idle_timeout": 30.0,
+        "metrics_host": "127.0.0.1",
+        "metrics_port": 0,
+        "judge_timeout": 10.0,
+        "commit_interval": 0.5,
+        "kafka_config": {"session_timeout_ms": 6000, "heartbeat_interval_ms": 1000},
+        "shutdown_grace": 10.0,
+    }
+    options.update(overrides)
+    return Settings.from_options(**options)
+
+
+class RunningConsumer:
+    """build_app + a thread; `stop()` asks it to drain and waits."""
+
+    def __init__(self, settings: Settings, **app_kwargs: Any) -> None:
+        self.app: App = build_app(settings, registry=CollectorRegistry(), **app_kwargs)
+        for metric in self.app.service.pool.metrics:
+            metric.retry_policy.base_delay_s = 0.01
+        self.thread = threading.Thread(target=self.app.run, name="consumer-under-test", daemon=True)
+
+    def __enter__(self) -> RunningConsumer:
+        self.thread.start()
+        assert self.app.service.ready.wait(30), "consumer did not start"
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def stop(self, timeout: float = 60) -> None:
+        self.app.service.request_stop()
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), "consumer did not stop"
+
+    def value(self, name: str, **labels: str) -> float:
+        return self.app.registry.get_sample_value(name, labels) or 0.0
+
+    def sessions(self, outcome: str | None = None) -> float:
+        total = 0.0
+        for family in self.app.registry.collect():
+            if family.name != "tracejudge_sessions":
+                continue
+            for sample in family.samples:
+                if sample.name.endswith("_total") and (outcome is None or sample.labels["outcome"] == outcome):
+                    total += sample.value
+        return total
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 60.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def traced_app(bootstrap: str, topic: str) -> TracerProvider:
+    return setup_tracing(
+        "test-app", kafka_bootstrap_servers=bootstrap, topic=topic, set_global=False, schedule_delay_millis=50
+    )
+
+
+def play(
+    provider: TracerProvider,
+    conversations: dict[str, list[tuple[str, str]]],
+    *,
+    agent: str = "support",
+    end: bool = True,
+) -> None:
+    """Play scripted conversations through @traced_agent: {conversation id: [(question, answer), ...]}."""
+    answers: dict[str, str] = {}
+
+    @traced_agent(agent, tracer_provider=provider)
+    def respond(question: str, session_id: str) -> str:
+        return answers[question]
+
+    for conversation_id, turns in conversations.items():
+        for question, answer in turns:
+            answers[question] = answer
+            respond(question, session_id=conversation_id)
+        if end:
+            end_conversation(conversation_id, agent=agent, tracer_provider=provider)
+    provider.force_flush()
