@@ -27,6 +27,7 @@ logger = logging.getLogger("tracejudge.tracer.exporter")
 _DEFAULT_PRODUCER_CONFIG: dict[str, Any] = {
     "client_id": "tracejudge-exporter",
     "acks": 1,
+    "enable_idempotence": False,
     "linger_ms": 5,
     "max_block_ms": 3_000,
     "request_timeout_ms": 5_000,
