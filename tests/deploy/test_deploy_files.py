@@ -1,0 +1,254 @@
+"""deploy/: alert rules through promtool, dashboard expressions against the exported metrics, compose and k8s files."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from prometheus_client import CollectorRegistry
+
+from tests.conftest import require_binary
+from tracejudge.consumer.emit.prometheus import ConsumerMetrics
+from tracejudge.consumer.pool import Judgement
+from tracejudge.metrics import MetricResult
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy"
+PROMQL_FUNCTIONS = {
+    "sum",
+    "by",
+    "rate",
+    "increase",
+    "histogram_quantile",
+    "avg_over_time",
+    "label_values",
+    "absent",
+    "and",
+    "or",
+    "on",
+    "offset",
+    "le",
+    "without",
+    "max",
+    "min",
+    "avg",
+    "count",
+    "group_left",
+    "ignoring",
+    "unless",
+}
+
+
+def exported_metric_names() -> set[str]:
+    """Every sample name the consumer's registry exposes, with its labels seen once."""
+    from tests.consumer.test_outputs import job
+
+    registry = CollectorRegistry()
+    metrics = ConsumerMetrics(registry)
+    result = MetricResult(
+        name="failure_rate",
+        verdict="stall",
+        score=0.4,
+        threshold=0.7,
+        model="m",
+        cost_usd=0.1,
+        input_tokens=10,
+        output_tokens=2,
+        cached_input_tokens=3,
+    )
+    error = MetricResult(name="conversational_flow", threshold=0.7, model="m", error="x", error_kind="timeout")
+    flow = MetricResult(name="conversational_flow", verdict="fully", score=1.0, threshold=0.7, model="m")
+    metrics.record_judgement(Judgement(job("c"), "judged", [result, flow]))
+    metrics.record_judgement(Judgement(job("d"), "failed", [error]))
+    metrics.lag.labels(partition="0").set(1)
+    return {sample.name for family in registry.collect() for sample in family.samples}
+
+
+def metric_names_in(expr: str) -> set[str]:
+    cleaned = re.sub(r'"[^"]*"', '""', expr)  # label values
+    cleaned = re.sub(r"\{[^}]*\}", "", cleaned)  # selectors
+    cleaned = re.sub(r"\[[^\]]*\]", "", cleaned)  # ranges
+    cleaned = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", "", cleaned)
+    names = set(re.findall(r"\b[a-zA-Z_:][a-zA-Z0-9_:]*\b", cleaned))
+    return {n for n in names if n not in PROMQL_FUNCTIONS and not re.fullmatch(r"\d+[smhdw]?|e", n)}
+
+
+def dashboard() -> dict[str, Any]:
+    return json.loads((DEPLOY / "grafana" / "dashboards" / "tracejudge.json").read_text())
+
+
+def dashboard_exprs() -> list[str]:
+    return [t["expr"] for p in dashboard()["panels"] for t in p.get("targets", [])]
+
+
+def test_promtool_checks_and_unit_tests() -> None:
+    promtool = require_binary("promtool")
+    rules = DEPLOY / "prometheus"
+    for args in (
+        ["check", "rules", "alerts.yml"],
+        ["test", "rules", "alerts_test.yml"],
+        ["check", "config", "prometheus.yml"],
+    ):
+        completed = subprocess.run([promtool, *args], cwd=rules, capture_output=True, text=True, timeout=120)
+        assert completed.returncode == 0, completed.stdout + completed.stderr
+
+
+def test_every_alert_has_unit_tests_that_fire_and_do_not_fire() -> None:
+    rules = yaml.safe_load((DEPLOY / "prometheus" / "alerts.yml").read_text())
+    alerts = {r["alert"] for g in rules["groups"] for r in g["rules"] if "alert" in r}
+    assert {
+        "TracejudgeHallucinationSpike",
+        "TracejudgeFlowScoreLow",
+        "TracejudgeJudgeFailing",
+        "TracejudgeConsumerLagging",
+        "TracejudgeConsumerDown",
+        "TracejudgeBudgetExhausted",
+    } <= alerts
+    tests = yaml.safe_load((DEPLOY / "prometheus" / "alerts_test.yml").read_text())["tests"]
+    cases = [case for t in tests for case in t["alert_rule_test"]]
+    for alert in alerts:
+        mine = [c for c in cases if c["alertname"] == alert]
+        assert any(c["exp_alerts"] for c in mine), f"{alert} never fires in the tests"
+        assert any(not c["exp_alerts"] for c in mine), f"{alert} is never shown not to fire"
+
+
+def test_alert_and_dashboard_expressions_use_only_exported_metrics() -> None:
+    exported = exported_metric_names() | {"up", "ALERTS"}
+    rules = yaml.safe_load((DEPLOY / "prometheus" / "alerts.yml").read_text())
+    recorded = {r["record"] for g in rules["groups"] for r in g["rules"] if "record" in r}
+    expressions = [r["expr"] for g in rules["groups"] for r in g["rules"]] + dashboard_exprs()
+    expressions.append(dashboard()["templating"]["list"][0]["query"]["query"].replace(", agent)", ")"))
+    for expr in expressions:
+        unknown = metric_names_in(expr) - exported - recorded
+        assert not unknown, f"{expr!r} uses {unknown}"
+
+
+def test_dashboard_covers_what_users_watch() -> None:
+    board = dashboard()
+    text = json.dumps(board)
+    for needle in (
+        "tracejudge_hallucination_rate",
+        "tracejudge_flow_score",
+        "tracejudge_verdicts_total",
+        "tracejudge_sessions_total",
+        "histogram_quantile(0.95",
+        "histogram_quantile(0.5",
+        "tracejudge_judge_cost_usd_total",
+        "tracejudge_judge_tokens_total",
+        "tracejudge_consumer_lag",
+        "tracejudge_sessions_open",
+        "tracejudge_records_total",
+    ):
+        assert needle in text, needle
+    assert board["templating"]["list"][0]["name"] == "agent"
+    assert "ALERTS" in board["annotations"]["list"][0]["expr"]
+    ids = [p["id"] for p in board["panels"]]
+    assert len(ids) == len(set(ids))
+
+
+def compose() -> dict[str, Any]:
+    return yaml.safe_load((DEPLOY / "docker-compose.yml").read_text())
+
+
+def test_compose_files_exist_and_ports_agree() -> None:
+    services = compose()["services"]
+    assert {
+        "kafka",
+        "tracejudge-consumer",
+        "otel-collector",
+        "prometheus",
+        "alertmanager",
+        "grafana",
+        "example-agent",
+    } <= set(services)
+    for name, service in services.items():
+        for volume in service.get("volumes", []):
+            source = volume.split(":")[0]
+            assert (DEPLOY / source).exists(), f"{name}: {source} does not exist"
+        build = service.get("build")
+        if build:
+            assert (DEPLOY / build["context"] / build["dockerfile"]).exists()
+    consumer = services["tracejudge-consumer"]
+    port = consumer["environment"]["TRACEJUDGE_METRICS_PORT"]
+    assert f"{port}:{port}" in consumer["ports"]
+    assert consumer["user"] != "root" and "healthcheck" in consumer
+    prometheus = yaml.safe_load((DEPLOY / "prometheus" / "prometheus.yml").read_text())
+    targets = [t for job in prometheus["scrape_configs"] for c in job["static_configs"] for t in c["targets"]]
+    assert f"tracejudge-consumer:{port}" in targets
+    assert prometheus["scrape_configs"][0]["job_name"] == "tracejudge"  # the ConsumerDown alert selects it
+    assert "alerts.yml" in prometheus["rule_files"]
+    alertmanager = prometheus["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"][0]
+    assert alertmanager.split(":")[0] in services
+    collector = yaml.safe_load((DEPLOY / "otel-collector" / "config.yml").read_text())
+    assert collector["exporters"]["kafka/tracejudge"]["traces"]["encoding"] == "otlp_proto"
+    assert collector["exporters"]["kafka/tracejudge"]["traces"]["topic"] == consumer["environment"]["TRACEJUDGE_TOPIC"]
+    endpoint = consumer["environment"]["OTEL_EXPORTER_OTLP_ENDPOINT"]
+    assert endpoint.endswith(collector["receivers"]["otlp"]["protocols"]["http"]["endpoint"].split(":")[1])
+    datasource = yaml.safe_load((DEPLOY / "grafana/provisioning/datasources/datasources.yml").read_text())
+    assert datasource["datasources"][0]["url"] == "http://prometheus:9090"
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert "USER 10001" in dockerfile and "HEALTHCHECK" in dockerfile and f"EXPOSE {port}" in dockerfile
+
+
+def k8s_objects() -> dict[str, dict[str, Any]]:
+    objects = {}
+    for path in sorted((DEPLOY / "k8s").glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            assert doc["apiVersion"] and doc["metadata"]["name"], path
+            objects[doc["kind"]] = doc
+    return objects
+
+
+def test_k8s_objects_have_required_fields() -> None:
+    objects = k8s_objects()
+    assert {"Deployment", "Service", "PodMonitor", "ScaledObject", "PrometheusRule", "ConfigMap", "Secret"} <= set(
+        objects
+    )
+    deployment = objects["Deployment"]
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert deployment["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert container["image"] and container["readinessProbe"] and container["livenessProbe"]
+    assert container["resources"]["requests"] and container["resources"]["limits"]
+    sources = {next(iter(ref.values()))["name"] for ref in container["envFrom"]}
+    assert sources == {objects["ConfigMap"]["metadata"]["name"], objects["Secret"]["metadata"]["name"]}
+    port_names = {p["name"] for p in container["ports"]}
+    assert objects["Service"]["spec"]["selector"].items() <= labels.items()
+    assert objects["Service"]["spec"]["ports"][0]["targetPort"] in port_names
+    assert objects["PodMonitor"]["spec"]["podMetricsEndpoints"][0]["port"] in port_names
+    assert objects["PodMonitor"]["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    scaled = objects["ScaledObject"]
+    assert scaled["spec"]["scaleTargetRef"]["name"] == deployment["metadata"]["name"]
+    trigger = scaled["spec"]["triggers"][0]
+    assert trigger["type"] == "kafka"
+    assert trigger["metadata"]["consumerGroup"] == objects["ConfigMap"]["data"]["TRACEJUDGE_GROUP_ID"]
+    assert trigger["metadata"]["topic"] == objects["ConfigMap"]["data"]["TRACEJUDGE_TOPIC"]
+    partitions = int(compose()["services"]["kafka"]["environment"]["KAFKA_NUM_PARTITIONS"])
+    assert scaled["spec"]["maxReplicaCount"] <= partitions
+    assert deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] > 30
+
+
+def test_prometheus_rule_wraps_the_alert_rules() -> None:
+    rules = yaml.safe_load((DEPLOY / "prometheus" / "alerts.yml").read_text())
+    assert k8s_objects()["PrometheusRule"]["spec"] == rules
+
+
+@pytest.mark.parametrize("expr", dashboard_exprs())
+def test_dashboard_expressions_parse(expr: str) -> None:
+    """promtool parses each dashboard query (template variables replaced), via a throwaway rule file."""
+    promtool = require_binary("promtool")
+    concrete = expr.replace("$agent", ".*").replace("$__rate_interval", "1m")
+    rule = {"groups": [{"name": "dashboard", "rules": [{"record": "dashboard:query", "expr": concrete}]}]}
+    completed = subprocess.run(
+        [promtool, "check", "rules", "/dev/stdin"],
+        input=yaml.safe_dump(rule),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert completed.returncode == 0, completed.stdout + completed.stderr
