@@ -29,6 +29,7 @@ test: install prometheus
 	$(PY) -m pytest
 
 bench: install
+	$(PY) -m pip install -q -e ".[all,bench]"
 	$(PY) -m bench
 
 lint: install

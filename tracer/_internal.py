@@ -5,8 +5,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 logger = logging.getLogger("tracejudge.tracer")
 
@@ -36,10 +34,21 @@ class RateLimitedLog:
 _internal_errors = RateLimitedLog(logger, interval_s=60.0)
 
 
-@contextmanager
-def handle_internal_errors() -> Iterator[None]:
-    """Swallow and log (rate-limited) any bug of ours; the application must never see it."""
-    try:
-        yield
-    except Exception:
-        _internal_errors.warning("internal tracejudge error (tracing continues)", exc_info=True)
+def report_internal_error() -> None:
+    """Log the exception being handled (rate-limited); tracing carries on and the application never sees it."""
+    _internal_errors.warning("internal tracejudge error (tracing continues)", exc_info=True)
+
+
+class handle_internal_errors:
+    """Swallow and log any bug of ours inside the block (a class, not @contextmanager: this is the hot path)."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> bool:
+        if exc_type is None or not issubclass(exc_type, Exception):
+            return False
+        report_internal_error()
+        return True

@@ -52,6 +52,7 @@ class JudgeServer:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True  # headers go out in small writes: Nagle + delayed ACK would add ~40 ms
 
             def log_message(self, format: str, *args: Any) -> None:
                 pass
@@ -160,3 +161,25 @@ def metric_of(request: dict[str, Any]) -> str:
     """Which judge sent the request, read from its static system prompt."""
     system = next((m["content"] for m in request.get("messages", []) if m.get("role") == "system"), "")
     return "conversational_flow" if '"fully"' in system else "failure_rate"
+
+
+def _serve_forever() -> None:
+    """`python -m tests.support.judge_server DELAY`: a separate process, so its CPU does not share our GIL."""
+    import sys
+
+    delay = float(sys.argv[1]) if len(sys.argv) > 1 else 0.0
+
+    def respond(request: dict[str, Any]) -> Reply:
+        label = "mostly" if metric_of(request) == "conversational_flow" else "honest_fallback"
+        return Reply(content=json.dumps({"verdict": label, "evidence": [], "reason": "bench"}), delay_s=delay)
+
+    server = JudgeServer(responder=respond).start()
+    print(server.base_url, flush=True)
+    try:
+        threading.Event().wait()
+    except KeyboardInterrupt:
+        server.stop()
+
+
+if __name__ == "__main__":
+    _serve_forever()

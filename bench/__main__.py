@@ -1,0 +1,147 @@
+"""`make bench`: every benchmark side by side in one run; prints a table and writes bench/results.json."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import platform
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+RESULTS = Path(__file__).resolve().parent / "results.json"
+
+
+def machine() -> dict[str, Any]:
+    model = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if "model name" in line
+        ),
+        platform.processor(),
+    )
+    return {"cpu": model, "cores": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()}
+
+
+def table(results: dict[str, Any]) -> str:
+    rows = []
+    tracer = results.get("tracer_overhead")
+    if tracer:
+        for name, figure in tracer["figures"].items():
+            rows.append(
+                (
+                    "tracer overhead",
+                    name,
+                    f"{figure['median']:.1f} µs/call (min {figure['min']:.1f}, max {figure['max']:.1f})",
+                    f"{tracer['ratio_to_hand_written'][name]:.2f}x hand-written",
+                )
+            )
+    judge = results.get("judge_throughput")
+    if judge:
+        for name, figure in judge["figures"].items():
+            ratio = judge["limit_s"] / figure["median"]
+            rows.append(
+                (
+                    "judge throughput",
+                    name,
+                    f"{figure['median']:.2f} s for {judge['calls']} calls",
+                    f"{ratio:.2f}x the limit",
+                )
+            )
+        rows.append(("judge throughput", "LiteLLM+ours CPU per call", f"{judge['cpu_ms_per_call_total']:.2f} ms", ""))
+        rows.append(
+            (
+                "judge throughput",
+                "our own overhead per call",
+                f"{judge['own_overhead_ms_per_call']:.3f} ms",
+                "goal < 3 ms",
+            )
+        )
+    ingest = results.get("consumer_ingest")
+    if ingest:
+        for name, figure in ingest["figures"].items():
+            key = "bare" if name.startswith("bare") else "tracejudge"
+            rows.append(
+                (
+                    "consumer ingest",
+                    name,
+                    f"{ingest['records_per_s'][key]:.0f} records/s, {ingest['spans_per_s'][key]:.0f} spans/s",
+                    "1.00x" if key == "bare" else f"{ingest['ours_vs_bare']:.2f}x bare",
+                )
+            )
+    memory = results.get("memory")
+    if memory:
+        for name, row in memory.items():
+            rows.append(
+                (
+                    "memory",
+                    f"{row['open_conversations']} open x {row['turns_each']} turns",
+                    f"{row['bytes_per_conversation'] / 1024:.2f} KiB/conversation",
+                    f"{row['rss_bytes'] / 2**20:.0f} MiB RSS",
+                )
+            )
+    tokens = results.get("judge_tokens")
+    if tokens:
+        for name in ("tracejudge", "eval-ai-library 0.8.2"):
+            if name in tokens:
+                row = tokens[name]
+                rows.append(
+                    (
+                        "judge tokens",
+                        name,
+                        f"{row['input_tokens_per_conversation']:.0f} input tokens/conversation",
+                        f"{row['cacheable_share']:.0%} in a static prefix ({row['static_prefix_tokens_per_call']:.0f}/call)",
+                    )
+                )
+    width = [max(len(str(r[i])) for r in rows) for i in range(4)] if rows else [0] * 4
+    lines = [" | ".join(str(c).ljust(width[i]) for i, c in enumerate(r)) for r in rows]
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench")
+    parser.add_argument("--only", choices=["tracer", "judge", "ingest", "memory", "tokens"], action="append")
+    parser.add_argument("--quick", action="store_true", help="smaller sizes, three rounds: a smoke run, not a figure")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.CRITICAL)
+    for noisy in ("langfuse", "opentelemetry", "kafka", "LiteLLM"):
+        logging.getLogger(noisy).setLevel(logging.CRITICAL)
+    only = set(args.only or ["tracer", "judge", "ingest", "memory", "tokens"])
+    rounds = 3 if args.quick else 5
+    results: dict[str, Any] = {"machine": machine(), "date": datetime.now(UTC).isoformat(timespec="seconds")}
+    if "tracer" in only:
+        from bench import tracer_overhead
+
+        results["tracer_overhead"] = tracer_overhead.run(calls=5_000 if args.quick else 20_000, rounds=max(rounds, 7))
+    if "judge" in only:
+        from bench import judge_throughput
+
+        results["judge_throughput"] = judge_throughput.run(count=100, rounds=rounds, with_peer=not args.quick)
+    if "ingest" in only:
+        from bench import consumer_ingest
+
+        results["consumer_ingest"] = consumer_ingest.run(spans=20_000 if args.quick else 100_000, rounds=rounds)
+    if "memory" in only:
+        from bench import memory
+
+        results["memory"] = memory.run()
+    if "tokens" in only:
+        from bench import judge_tokens
+
+        results["judge_tokens"] = judge_tokens.run()
+    RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+    print(
+        f"machine: {results['machine']['cpu']} ({results['machine']['cores']} cores), Python {results['machine']['python']}"
+    )
+    print(table(results))
+    print(f"\nwritten: {RESULTS}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
