@@ -64,7 +64,7 @@ def table(results: dict[str, Any]) -> str:
         )
     ingest = results.get("consumer_ingest")
     if ingest:
-        for name, figure in ingest["figures"].items():
+        for name in ingest["figures"]:
             key = "bare" if name.startswith("bare") else "tracejudge"
             rows.append(
                 (
@@ -76,7 +76,7 @@ def table(results: dict[str, Any]) -> str:
             )
     memory = results.get("memory")
     if memory:
-        for name, row in memory.items():
+        for row in memory.values():
             rows.append(
                 (
                     "memory",
@@ -106,7 +106,7 @@ def table(results: dict[str, Any]) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m bench")
     parser.add_argument("--only", choices=["tracer", "judge", "ingest", "memory", "tokens"], action="append")
-    parser.add_argument("--quick", action="store_true", help="smaller sizes, three rounds: a smoke run, not a figure")
+    parser.add_argument("--quick", action="store_true", help="smaller sizes, three rounds: a smoke run")
     args = parser.parse_args()
     logging.basicConfig(level=logging.CRITICAL)
     for noisy in ("langfuse", "opentelemetry", "kafka", "LiteLLM"):
