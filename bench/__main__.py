@@ -95,7 +95,7 @@ def table(results: dict[str, Any]) -> str:
                         "judge tokens",
                         name,
                         f"{row['input_tokens_per_conversation']:.0f} input tokens/conversation",
-                        f"{row['cacheable_share']:.0%} in a static prefix ({row['static_prefix_tokens_per_call']:.0f}/call)",
+                        f"{row['cacheable_share']:.0%} static prefix ({row['static_prefix_tokens_per_call']:.0f}/call)",
                     )
                 )
     width = [max(len(str(r[i])) for r in rows) for i in range(4)] if rows else [0] * 4
@@ -135,9 +135,8 @@ def main() -> int:
 
         results["judge_tokens"] = judge_tokens.run()
     RESULTS.write_text(json.dumps(results, indent=2) + "\n")
-    print(
-        f"machine: {results['machine']['cpu']} ({results['machine']['cores']} cores), Python {results['machine']['python']}"
-    )
+    about = results["machine"]
+    print(f"machine: {about['cpu']} ({about['cores']} cores), Python {about['python']}")
     print(table(results))
     print(f"\nwritten: {RESULTS}")
     return 0
