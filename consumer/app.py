@@ -13,12 +13,13 @@ from prometheus_client import CollectorRegistry, start_http_server
 
 from tracejudge.metrics import ConversationalFlowRateMetric, CustomLLMClient, FailureRateMetric
 from tracejudge.metrics._judge import HolisticJudgeMetric
+from tracejudge.metrics._transcript import Redactor
+from tracejudge.tracer.redact import redact_pii
 
 from .emit._kafka_writer import KafkaWriter
 from .emit.otel import EvaluationEmitter
 from .emit.prometheus import ConsumerMetrics
 from .emit.results_topic import ResultsTopic
-from .redact import redact_pii
 from .service import ConsumerService, JudgementSink
 from .settings import Settings
 
@@ -29,7 +30,10 @@ METRIC_CLASSES: dict[str, type[HolisticJudgeMetric]] = {
 }
 
 
-def build_judges(settings: Settings, judge: str | CustomLLMClient | None = None) -> list[HolisticJudgeMetric]:
+def build_judges(
+    settings: Settings, judge: str | CustomLLMClient | None = None, redactor: Redactor | None = None
+) -> list[HolisticJudgeMetric]:
+    """One judge per configured metric; `redactor` replaces the default PII redactor (applied when --redact)."""
     model = judge if judge is not None else settings.judge_model
     return [
         METRIC_CLASSES[name](
@@ -37,7 +41,7 @@ def build_judges(settings: Settings, judge: str | CustomLLMClient | None = None)
             threshold=settings.threshold,
             timeout=settings.judge_timeout,
             max_retries=settings.judge_retries,
-            redactor=redact_pii if settings.redact else None,
+            redactor=(redactor or redact_pii) if settings.redact else None,
         )
         for name in settings.metrics
     ]
@@ -124,6 +128,7 @@ def build_app(
     tracer_provider: Any = None,
     logger_provider: Any = None,
     extra_sinks: list[JudgementSink] | None = None,
+    redactor: Redactor | None = None,
 ) -> App:
     registry = registry if registry is not None else CollectorRegistry()
     prometheus = ConsumerMetrics(
@@ -143,7 +148,7 @@ def build_app(
             settings.bootstrap_servers, settings.results_topic, **settings.producer_config()
         ).start()
         sinks.append(ResultsTopic(results_writer))
-    service = ConsumerService(settings, build_judges(settings, judge), prometheus, sinks=sinks)
+    service = ConsumerService(settings, build_judges(settings, judge, redactor), prometheus, sinks=sinks)
     http_server = None
     if serve_metrics:
         http_server, _thread = start_http_server(settings.metrics_port, settings.metrics_host, registry=registry)

@@ -131,6 +131,12 @@ def cmd_demo(namespace: argparse.Namespace) -> int:
     return run_demo(namespace)
 
 
+def cmd_backfill(namespace: argparse.Namespace) -> int:
+    from .backfill import run_backfill
+
+    return run_backfill(namespace)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tracejudge", description="Judge live LLM-agent conversations from Kafka.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -142,6 +148,14 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--serve", action="store_true", help="keep running after the demo for Prometheus and Grafana")
     demo.add_argument("--seconds-idle", type=float, default=3.0, help="the demo's session idle timeout")
     demo.set_defaults(handler=cmd_demo)
+    backfill = commands.add_parser("backfill", help="judge a past time range of the span topic")
+    backfill.add_argument("--from", dest="start", required=True, metavar="TIME", help="ISO 8601 or Unix seconds")
+    backfill.add_argument("--to", dest="end", required=True, metavar="TIME")
+    backfill.add_argument("--agent", default=None, help="only this agent's conversations")
+    backfill.add_argument("--sample-rate", dest="backfill_sample_rate", type=float, default=None)
+    backfill.add_argument("--rejudge", action="store_true", help="judge again what the results topic already has")
+    add_consumer_flags(backfill, skip=("group_id", "start_from", "sample_rate"))
+    backfill.set_defaults(handler=cmd_backfill)
     return parser
 
 

@@ -20,21 +20,24 @@ from kafka.structs import OffsetAndMetadata
 from tracejudge.metrics._judge import HolisticJudgeMetric
 from tracejudge.tracer._internal import RateLimitedLog
 
-from .adapters import extract
+from .adapters import ConversationEvent, extract
 from .decode import MalformedRecord, decode_record
 from .emit._kafka_writer import KafkaWriter
 from .emit.prometheus import ConsumerMetrics
+from .feedback import FeedbackJoiner
 from .offsets import OffsetTracker
-from .pool import OUTCOME_SAMPLED_OUT, Judgement, JudgePool
+from .pool import OUTCOME_FAILED, OUTCOME_JUDGED, OUTCOME_SAMPLED_OUT, Judgement, JudgePool
 from .sampling import Sampler
-from .sessions import JudgeJob, SessionStore
+from .sessions import SessionStore
 from .settings import Settings
 
 logger = logging.getLogger("tracejudge.consumer")
 
 
 class JudgementSink(Protocol):
-    def emit(self, judgement: Judgement) -> None: ...
+    """Receives every finished judgement; may return events that are set once the output is durable."""
+
+    def emit(self, judgement: Judgement) -> Any: ...
 
 
 class _Rebalance(ConsumerRebalanceListener):
@@ -79,7 +82,9 @@ class ConsumerService:
             max_cost_per_hour=settings.max_cost_per_hour,
         )
         self.max_pending = settings.max_concurrency * 4 + 1_000
-        self._done: queue.SimpleQueue[JudgeJob] = queue.SimpleQueue()
+        self._done: queue.SimpleQueue[tuple[Judgement, list[threading.Event]]] = queue.SimpleQueue()
+        self._awaiting_delivery: list[tuple[Judgement, list[threading.Event]]] = []
+        self.feedback = FeedbackJoiner(prometheus.record_agreement)
         self._stop = threading.Event()
         self._consumer: KafkaConsumer | None = None
         self._dead_letter: KafkaWriter | None = None
@@ -141,8 +146,15 @@ class ConsumerService:
     def _shutdown(self) -> None:
         finished = self.pool.stop(self.settings.shutdown_grace)
         if not finished:
-            logger.warning("judgements still running after the %.0fs grace period are left uncommitted")
+            logger.warning(
+                "judgements still running after the %.0fs grace period are left uncommitted",
+                self.settings.shutdown_grace,
+            )
+        deadline = time.monotonic() + 10.0
         self._drain_done()
+        while self._awaiting_delivery and time.monotonic() < deadline:
+            time.sleep(0.02)
+            self._drain_done()
         try:
             self._commit()
         except Exception as exc:
@@ -179,11 +191,21 @@ class ConsumerService:
                 event = extract(span)
                 if event is None:
                     continue
+                if event.feedback is not None:
+                    self._feedback(event, now)
                 hold = self.store.apply(event, partition, record.offset, now)
                 if hold is not None:
                     self.offsets.hold(hold, partition, record.offset)
             except Exception as exc:  # one bad span never costs the rest of the record
                 self._malformed_log.warning("skipped a span at %s:%d: %r", partition, record.offset, exc)
+
+    def _feedback(self, event: ConversationEvent, now: float) -> None:
+        assert event.feedback is not None
+        known = self.store.open.get(event.conversation_id) or self.store.judging.get(event.conversation_id)
+        known = known or self.store.done.get(event.conversation_id)
+        agent = event.agent or (known.agent if known is not None else None) or "unknown"
+        self.prometheus.record_feedback(agent, negative=event.feedback.negative)
+        self.feedback.feedback(event.conversation_id, agent, event.feedback, now)
 
     def _malformed(self, record: Any, reason: str) -> None:
         self.prometheus.record_records("malformed")
@@ -202,20 +224,27 @@ class ConsumerService:
             if self.sampler.should_judge(job):
                 self.pool.submit(job)
             else:
-                self._emit(Judgement(job, OUTCOME_SAMPLED_OUT))
-                self._finish(job)
+                sampled_out = Judgement(job, OUTCOME_SAMPLED_OUT)
+                self._done.put((sampled_out, self._emit(sampled_out)))
 
     def _drain_done(self) -> None:
+        """Finish judged jobs whose outputs are durable; their offset holds go, so the commit can move past them."""
         while True:
             try:
-                job = self._done.get_nowait()
+                self._awaiting_delivery.append(self._done.get_nowait())
             except queue.Empty:
-                return
-            self._finish(job)
+                break
+        waiting = []
+        for judgement, deliveries in self._awaiting_delivery:
+            if all(delivered.is_set() for delivered in deliveries):
+                self._finish(judgement)
+            else:
+                waiting.append((judgement, deliveries))
+        self._awaiting_delivery = waiting
 
-    def _finish(self, job: JudgeJob) -> None:
-        self.store.finished(job)
-        self.offsets.release(job.key)
+    def _finish(self, judgement: Judgement) -> None:
+        self.store.finished(judgement.job, judged=judgement.outcome in (OUTCOME_JUDGED, OUTCOME_FAILED))
+        self.offsets.release(judgement.job.key)
 
     def _backpressure(self) -> None:
         assert self._consumer is not None
@@ -284,13 +313,18 @@ class ConsumerService:
 
     def _judged(self, judgement: Judgement) -> None:
         self.judgements += 1
-        self._emit(judgement)
-        self._done.put(judgement.job)
+        self.feedback.verdicts(judgement)
+        self._done.put((judgement, self._emit(judgement)))
 
-    def _emit(self, judgement: Judgement) -> None:
+    def _emit(self, judgement: Judgement) -> list[threading.Event]:
         self.prometheus.record_judgement(judgement)
+        deliveries: list[threading.Event] = []
         for sink in self.sinks:
             try:
-                sink.emit(judgement)
+                acknowledged = sink.emit(judgement)
             except Exception:
                 logger.exception("a result sink failed for conversation %s", judgement.job.conversation_id)
+                continue
+            if isinstance(acknowledged, list):
+                deliveries.extend(acknowledged)
+        return deliveries

@@ -55,6 +55,7 @@ class Conversation:
     ended: bool = False
     truncated: bool = False
     negative_feedback: bool = False
+    judged: bool = False
     feedback: list[Feedback] = field(default_factory=list)
 
     def turn_count(self) -> int:
@@ -133,9 +134,27 @@ class SessionStore:
                 self.counts.duplicate_spans += 1  # a redelivered turn of a judged conversation: nothing new
                 return None
             if event.turn is None and previous is not None:
-                if event.feedback is not None:
-                    self._add_feedback(previous, event.feedback)
-                return None  # an end marker or feedback for a conversation already judged
+                if event.feedback is None:
+                    return None  # an end marker for a conversation already complete
+                self._add_feedback(previous, event.feedback)
+                if not (event.feedback.negative and not previous.judged and self.done.get(cid) is previous):
+                    return None
+                # Negative feedback on a conversation that was not judged (sampled out, over budget): judge it now.
+                again = Conversation(
+                    id=cid,
+                    key=f"{cid}#{next(_generation)}",
+                    partition=partition,
+                    agent=previous.agent or event.agent,
+                    last_seen=now,
+                    hold_offset=offset,
+                    turns=dict(previous.turns),
+                    ended=True,
+                    negative_feedback=True,
+                    feedback=list(previous.feedback),
+                )
+                self.done.pop(cid, None)
+                self._complete(again, "negative_feedback")
+                return again.key
             conversation = Conversation(
                 id=cid,
                 key=f"{cid}#{next(_generation)}",
@@ -145,7 +164,8 @@ class SessionStore:
                 hold_offset=offset,
             )
             if previous is not None:  # it continues after its judgement: a new version with all turns so far
-                conversation.turns = dict(previous.turns)
+                # ...unless the turn cap cut it: then the next window starts empty, so memory stays bounded.
+                conversation.turns = {} if previous.truncated else dict(previous.turns)
                 conversation.agent = conversation.agent or previous.agent
                 conversation.negative_feedback = previous.negative_feedback
                 self.done.pop(cid, None)
@@ -181,6 +201,12 @@ class SessionStore:
         if feedback.negative:
             conversation.negative_feedback = True
 
+    def complete(self, conversation_id: str, completed_by: str) -> None:
+        """Complete an open conversation now (backfill decides idleness from record timestamps)."""
+        conversation = self.open.get(conversation_id)
+        if conversation is not None and conversation.turns:
+            self._complete(conversation, completed_by)
+
     def _complete(self, conversation: Conversation, completed_by: str) -> None:
         self.open.pop(conversation.id, None)
         self.judging[conversation.id] = conversation
@@ -205,13 +231,14 @@ class SessionStore:
         ready, self.ready = self.ready, []
         return ready
 
-    def finished(self, job: JudgeJob) -> None:
+    def finished(self, job: JudgeJob, judged: bool = True) -> None:
         """The job is over (judged, failed, sampled out or skipped): keep it briefly for continuations."""
         conversation = self.judging.pop(job.conversation_id, None)
         if conversation is None or conversation.key != job.key:
             if conversation is not None:
                 self.judging[job.conversation_id] = conversation
             return
+        conversation.judged = judged
         self.done[conversation.id] = conversation
         while len(self.done) > self.max_done:
             self.done.popitem(last=False)

@@ -7,6 +7,8 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from tracejudge.tracer._kafka_options import check_kafka_options
+
 KNOWN_METRICS = ("failure_rate", "conversational_flow")
 
 
@@ -116,10 +118,7 @@ class Settings(BaseSettings):
             pairs = {str(k): v for k, v in value.items()}
         else:
             pairs = {k: _coerce(v) for k, v in parse_pairs(value, "Kafka option").items()}
-        known = set(KafkaConsumer.DEFAULT_CONFIG) | set(KafkaProducer.DEFAULT_CONFIG)
-        unknown = sorted(set(pairs) - known)
-        if unknown:
-            raise ValueError(f"unknown Kafka client option(s): {', '.join(unknown)}")
+        check_kafka_options(pairs, set(KafkaConsumer.DEFAULT_CONFIG) | set(KafkaProducer.DEFAULT_CONFIG))
         return pairs
 
     @field_validator("sample_rate")

@@ -5,7 +5,15 @@ Light on purpose: importing this package never imports LiteLLM or any judge code
 
 from ._conversation import conversation, end_conversation
 from ._decorator import traced_agent
+from ._feedback import record_feedback
 from .exporter import KafkaSpanExporter
 from .setup import setup_tracing
 
-__all__ = ["KafkaSpanExporter", "conversation", "end_conversation", "setup_tracing", "traced_agent"]
+__all__ = [
+    "KafkaSpanExporter",
+    "conversation",
+    "end_conversation",
+    "record_feedback",
+    "setup_tracing",
+    "traced_agent",
+]

@@ -54,6 +54,7 @@ class _Spec:
     skip_positions: frozenset[int]
     output: Callable[[Any], str] | None
     capture_content: bool
+    redactor: Callable[[str], str] | None
     tracer_provider: TracerProvider | None
     _tracer: trace.Tracer | None = None
 
@@ -111,7 +112,10 @@ def _start(spec: _Spec, args: tuple[Any, ...], kwargs: dict[str, Any], *, attach
             TURN_INDEX: 0 if one_turn else turn_counter.next_index(session_id),
         }
         if spec.capture_content:
-            attributes[GEN_AI_INPUT_MESSAGES] = input_messages_json(spec.input_text(args, kwargs))
+            text = spec.input_text(args, kwargs)
+            if spec.redactor is not None:
+                text = spec.redactor(text)
+            attributes[GEN_AI_INPUT_MESSAGES] = input_messages_json(text)
         if one_turn:
             attributes[CONVERSATION_ENDED] = True
         span = spec.tracer.start_span(spec.span_name, kind=SpanKind.INTERNAL, attributes=attributes)
@@ -136,6 +140,8 @@ def _finish(spec: _Spec, turn: _Turn, result: Any, *, text: str | None = None) -
             if spec.capture_content:
                 if text is None:
                     text = spec.output(result) if spec.output is not None else output_text(result)
+                if spec.redactor is not None:
+                    text = spec.redactor(text)
                 turn.span.set_attribute(GEN_AI_OUTPUT_MESSAGES, output_messages_json(text))
         finally:
             turn.span.end()
@@ -293,11 +299,13 @@ def traced_agent(
     output: Callable[[Any], str] | None = None,
     capture_content: bool = True,
     tracer_provider: TracerProvider | None = None,
+    redactor: Callable[[str], str] | None = None,
 ) -> Callable[[F], F]:
     """Record each call of the decorated agent as one `invoke_agent {name}` span (GenAI semantic conventions).
 
     With `capture_content=False` the messages are left out (the conventions make content opt-in): such turns are
-    assembled but cannot be judged.
+    assembled but cannot be judged. `redactor` (for example `tracejudge.tracer.redact.redact_pii`) rewrites the
+    message text before it is recorded, so it never leaves the process.
     """
     if not isinstance(name, str) or not name:
         raise ValueError("traced_agent needs a non-empty agent name")
@@ -323,6 +331,7 @@ def traced_agent(
             output=output,
             capture_content=capture_content,
             tracer_provider=tracer_provider,
+            redactor=redactor,
         )
         if inspect.isasyncgenfunction(func):
             wrapped = _wrap_async_generator(func, spec)

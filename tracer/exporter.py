@@ -19,6 +19,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from ._internal import RateLimitedLog
+from ._kafka_options import check_kafka_options
 from ._semconv import GEN_AI_CONVERSATION_ID
 
 logger = logging.getLogger("tracejudge.tracer.exporter")
@@ -58,9 +59,7 @@ class ExporterStats:
 def _validate_producer_config(config: dict[str, Any]) -> None:
     from kafka import KafkaProducer
 
-    unknown = sorted(set(config) - set(KafkaProducer.DEFAULT_CONFIG))
-    if unknown:
-        raise ValueError(f"unknown Kafka producer option(s): {', '.join(unknown)}")
+    check_kafka_options(config, KafkaProducer.DEFAULT_CONFIG)
 
 
 def _supported_defaults() -> dict[str, Any]:

@@ -31,26 +31,34 @@ class KafkaWriter:
         self._thread.start()
         return self
 
-    def write(self, key: bytes | None, value: bytes, headers: list[tuple[str, bytes]] | None = None) -> None:
+    def write(self, key: bytes | None, value: bytes, headers: list[tuple[str, bytes]] | None = None) -> threading.Event:
+        """Queue one record; the returned event is set once the broker acknowledged it (or it was counted dropped)."""
+        delivered = threading.Event()
         try:
-            self._queue.put_nowait((key, value, headers or []))
+            self._queue.put_nowait((key, value, headers or [], delivered))
         except queue.Full:
             self.dropped += 1
             self._log.warning("writer queue for %r full: record dropped (total %d)", self.topic, self.dropped)
+            delivered.set()
+        return delivered
 
     def _run(self) -> None:
         while True:
             item = self._queue.get()
             if item is _STOP:
                 return
-            key, value, headers = item
+            key, value, headers, delivered = item
             try:
-                self._producer.send(self.topic, key=key, value=value, headers=headers).add_errback(self._failed)
+                future = self._producer.send(self.topic, key=key, value=value, headers=headers)
+                future.add_callback(lambda _metadata, done=delivered: done.set())
+                future.add_errback(self._failed, delivered)
                 self.sent += 1
             except Exception as exc:
-                self._failed(exc)
+                self._failed(exc, delivered)
 
-    def _failed(self, exc: BaseException) -> None:
+    def _failed(self, exc: BaseException, delivered: threading.Event | None = None) -> None:
+        if delivered is not None:
+            delivered.set()
         self.dropped += 1
         self._log.warning("writing to %r failed: %r (total dropped %d)", self.topic, exc, self.dropped)
 

@@ -14,6 +14,7 @@ from prometheus_client.registry import Collector
 from tracejudge.metrics.conversational_flow import CONVERSATIONAL_FLOW_WEIGHTS
 from tracejudge.metrics.failure_rate import FAILURE_RATE_WEIGHTS
 
+from ..feedback import Agreement
 from ..pool import OUTCOME_FAILED, OUTCOME_JUDGED, OUTCOME_SAMPLED_OUT, OUTCOME_SKIPPED_BUDGET, Judgement
 
 OTHER_AGENT = "_other"
@@ -54,6 +55,7 @@ class _Windows(Collector):
         self.window_seconds = window_seconds
         self._hallucinations: dict[str, deque[tuple[float, float]]] = {}
         self._flow: dict[str, deque[tuple[float, float]]] = {}
+        self._agreement: dict[tuple[str, str], deque[tuple[float, float]]] = {}
         self._lock = threading.Lock()
 
     def add(self, metric: str, agent: str, score: float, verdict: str, now: float | None = None) -> None:
@@ -69,6 +71,26 @@ class _Windows(Collector):
             if window is None:
                 window = windows[agent] = deque(maxlen=self.window_sessions)
             window.append((now, value))
+
+    def add_agreement(self, agent: str, metric: str, agrees: bool, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            window = self._agreement.get((agent, metric))
+            if window is None:
+                window = self._agreement[(agent, metric)] = deque(maxlen=self.window_sessions)
+            window.append((now, 1.0 if agrees else 0.0))
+
+    def agreement(self, now: float | None = None) -> dict[tuple[str, str], float]:
+        now = time.monotonic() if now is None else now
+        cutoff = now - self.window_seconds
+        out: dict[tuple[str, str], float] = {}
+        with self._lock:
+            for key, window in self._agreement.items():
+                while window and window[0][0] < cutoff:
+                    window.popleft()
+                if window:
+                    out[key] = sum(v for _, v in window) / len(window)
+        return out
 
     def values(self, now: float | None = None) -> tuple[dict[str, float], dict[str, float]]:
         now = time.monotonic() if now is None else now
@@ -88,6 +110,7 @@ class _Windows(Collector):
     def describe(self) -> Iterator[Metric]:
         yield GaugeMetricFamily("tracejudge_hallucination_rate", "", labels=["agent"])
         yield GaugeMetricFamily("tracejudge_flow_score", "", labels=["agent"])
+        yield GaugeMetricFamily("tracejudge_judge_human_agreement", "", labels=["agent", "metric"])
 
     def collect(self) -> Iterator[Metric]:
         hallucination, flow = self.values()
@@ -105,8 +128,16 @@ class _Windows(Collector):
         )
         for agent, value in flow.items():
             score.add_metric([agent], value)
+        agreement = GaugeMetricFamily(
+            "tracejudge_judge_human_agreement",
+            "Share of conversations with feedback where the judge's pass/fail agrees with the human's up/down",
+            labels=["agent", "metric"],
+        )
+        for (agent, metric), value in self.agreement().items():
+            agreement.add_metric([agent, metric], value)
         yield rate
         yield score
+        yield agreement
 
 
 class ConsumerMetrics:
@@ -156,6 +187,15 @@ class ConsumerMetrics:
         self.in_flight = Gauge("tracejudge_judgements_in_flight", "Judge calls under way", registry=registry)
         self.records = Counter("tracejudge_records_total", "Kafka records by outcome", ["outcome"], registry=registry)
         self.lag = Gauge("tracejudge_consumer_lag", "Records behind the log end", ["partition"], registry=registry)
+        self.feedback = Counter(
+            "tracejudge_feedback_total", "Human feedback by polarity", ["agent", "feedback"], registry=registry
+        )
+        self.disagreements = Counter(
+            "tracejudge_judge_human_disagreements_total",
+            "Conversations where the judge's pass/fail and the human's feedback disagree",
+            ["agent", "metric", "judge", "human"],
+            registry=registry,
+        )
         for outcome in ("ok", "malformed"):
             self.records.labels(outcome=outcome)
         self._seen_agents: set[str] = set()
@@ -170,6 +210,8 @@ class ConsumerMetrics:
                     self.verdicts.labels(agent=label, metric=metric, verdict=verdict)
             for outcome in OUTCOMES:
                 self.sessions.labels(agent=label, outcome=outcome)
+            for polarity in ("positive", "negative"):
+                self.feedback.labels(agent=label, feedback=polarity)
         return label
 
     def record_judgement(self, judgement: Judgement) -> None:
@@ -194,6 +236,21 @@ class ConsumerMetrics:
             self.verdicts.labels(agent=agent, metric=result.name, verdict=result.verdict).inc()
             self.score.labels(agent=agent, metric=result.name).observe(result.score)
             self.windows.add(result.name, agent, result.score, result.verdict)
+
+    def record_feedback(self, agent: str, *, negative: bool) -> None:
+        label = self._agent(agent)
+        self.feedback.labels(agent=label, feedback="negative" if negative else "positive").inc()
+
+    def record_agreement(self, agreement: Agreement) -> None:
+        agent = self._agent(agreement.agent)
+        self.windows.add_agreement(agent, agreement.metric, agreement.agrees)
+        if not agreement.agrees:
+            self.disagreements.labels(
+                agent=agent,
+                metric=agreement.metric,
+                judge="pass" if agreement.judge_passed else "fail",
+                human="pass" if agreement.human_positive else "fail",
+            ).inc()
 
     def record_records(self, outcome: str, count: int = 1) -> None:
         self.records.labels(outcome=outcome).inc(count)

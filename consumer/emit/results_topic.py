@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 
 from ..pool import Judgement
 from ..results import result_record
@@ -13,8 +14,11 @@ class ResultsTopic:
     def __init__(self, writer: KafkaWriter) -> None:
         self.writer = writer
 
-    def emit(self, judgement: Judgement) -> None:
+    def emit(self, judgement: Judgement) -> list[threading.Event]:
+        """Returns the deliveries: the consumer commits the conversation only once the broker has them all."""
         key = judgement.job.conversation_id.encode("utf-8", "surrogatepass")
+        deliveries = []
         for result in judgement.results:
             value = json.dumps(result_record(judgement, result), ensure_ascii=False).encode("utf-8", "surrogatepass")
-            self.writer.write(key, value)
+            deliveries.append(self.writer.write(key, value))
+        return deliveries

@@ -10,8 +10,7 @@ from prometheus_client import CollectorRegistry
 from tests.consumer.test_pipeline import Collect, scripted_judge
 from tests.support.judge_server import JudgeServer, Reply, metric_of
 from tests.support.otlp_receiver import OtlpReceiver, attributes
-from tests.support.pipeline import RunningConsumer, consumer_settings, play, traced_app, wait_for
-from tests.tracer.test_exporter import read_records
+from tests.support.pipeline import RunningConsumer, consumer_settings, play, read_records, traced_app, wait_for
 from tracejudge.consumer.adapters import Turn
 from tracejudge.consumer.embedded_broker import EmbeddedBroker
 from tracejudge.consumer.emit.prometheus import ConsumerMetrics

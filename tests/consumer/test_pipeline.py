@@ -140,7 +140,7 @@ def test_duplicate_records_count_once(broker: EmbeddedBroker, topic: str, judge_
 def test_malformed_records_are_counted_and_dead_lettered(
     broker: EmbeddedBroker, topic: str, judge_server: JudgeServer
 ) -> None:
-    from tests.tracer.test_exporter import read_records
+    from tests.support.pipeline import read_records
 
     judge_server.responder = scripted_judge
     dead_letter = f"{topic}-dlq"

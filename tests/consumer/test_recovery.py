@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import json
-import os
 import signal
-import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -15,8 +11,15 @@ import pytest
 
 from tests.consumer.test_pipeline import Collect, scripted_judge
 from tests.support.judge_server import JudgeServer, Reply, conversation_text, metric_of
-from tests.support.pipeline import RunningConsumer, consumer_settings, play, traced_app, wait_for
-from tests.tracer.test_exporter import read_records
+from tests.support.pipeline import (
+    RunningConsumer,
+    consumer_process,
+    consumer_settings,
+    play,
+    result_records,
+    traced_app,
+    wait_for,
+)
 from tracejudge.consumer.embedded_broker import EmbeddedBroker
 from tracejudge.consumer.sampling import sample_point
 
@@ -67,36 +70,6 @@ def test_sampling_is_the_same_across_groups(broker: EmbeddedBroker, topic: str, 
     provider.shutdown()
 
 
-def consumer_process(broker: EmbeddedBroker, topic: str, group: str, results: str, **env: str) -> subprocess.Popen:
-    environment = {
-        **os.environ,
-        "TRACEJUDGE_KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap_servers,
-        "TRACEJUDGE_TOPIC": topic,
-        "TRACEJUDGE_GROUP_ID": group,
-        "TRACEJUDGE_START_FROM": "earliest",
-        "TRACEJUDGE_RESULTS_TOPIC": results,
-        "TRACEJUDGE_METRICS": "failure_rate",
-        "TRACEJUDGE_METRICS_HOST": "127.0.0.1",
-        "TRACEJUDGE_METRICS_PORT": "0",
-        "TRACEJUDGE_COMMIT_INTERVAL": "0.3",
-        "TRACEJUDGE_JUDGE_TIMEOUT": "20",
-        "TRACEJUDGE_KAFKA_CONFIG": "session_timeout_ms=6000,heartbeat_interval_ms=1000",
-        "PYTHONPATH": str(ROOT),
-        **env,
-    }
-    return subprocess.Popen(
-        [sys.executable, "-m", "tracejudge.consumer"],
-        env=environment,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-
-
-def result_ids(broker: EmbeddedBroker, results: str, expected: int, timeout_s: float = 30) -> list[dict]:
-    return [json.loads(r.value) for r in read_records(broker.bootstrap_servers, results, expected, timeout_s)]
-
-
 def judged_conversations(server: JudgeServer, expected: dict[str, list[tuple[str, str]]]) -> set[str]:
     texts = [conversation_text(r) for r in list(server.requests)]
     return {cid for cid, turns in expected.items() if any(turns[0][0] in text for text in texts)}
@@ -127,7 +100,7 @@ def test_sigterm_drains_in_flight_judgements(broker: EmbeddedBroker, topic: str,
         if process.poll() is None:
             process.kill()
     assert process.returncode == 0, output[-3000:]
-    records = result_ids(broker, results, expected=6)
+    records = result_records(broker, results, expected=6)
     assert sorted(r["conversation_id"] for r in records) == sorted(conversations("term", 6))
     # Everything was committed: a restart of the same group judges nothing again.
     before = len(judge_server.requests)
@@ -173,7 +146,7 @@ def test_kill_9_then_restart_loses_nothing(broker: EmbeddedBroker, topic: str, j
     finally:
         if restart.poll() is None:
             restart.kill()
-    records = result_ids(broker, results, expected=40, timeout_s=20)
+    records = result_records(broker, results, expected=40, timeout_s=20)
     by_conversation: dict[str, set[str]] = {}
     for record in records:
         by_conversation.setdefault(record["conversation_id"], set()).add(record["result_id"])

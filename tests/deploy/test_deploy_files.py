@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry
 
 from tests.conftest import require_binary
 from tracejudge.consumer.emit.prometheus import ConsumerMetrics
+from tracejudge.consumer.feedback import Agreement
 from tracejudge.consumer.pool import Judgement
 from tracejudge.metrics import MetricResult
 
@@ -66,6 +67,8 @@ def exported_metric_names() -> set[str]:
     metrics.record_judgement(Judgement(job("c"), "judged", [result, flow]))
     metrics.record_judgement(Judgement(job("d"), "failed", [error]))
     metrics.lag.labels(partition="0").set(1)
+    metrics.record_feedback("a", negative=True)
+    metrics.record_agreement(Agreement("a", "failure_rate", judge_passed=True, human_positive=False))
     return {sample.name for family in registry.collect() for sample in family.samples}
 
 

@@ -18,6 +18,7 @@ from tests.deploy.test_deploy_files import DEPLOY, dashboard_exprs
 from tests.support.judge_server import JudgeServer, Reply, conversation_text
 from tests.support.pipeline import RunningConsumer, consumer_settings, play, traced_app, wait_for
 from tracejudge.consumer.embedded_broker import EmbeddedBroker, free_port
+from tracejudge.tracer import record_feedback
 
 
 def api(base: str, path: str, **params: str) -> Any:
@@ -89,7 +90,15 @@ def test_prometheus_scrapes_alerts_and_dashboard_queries(
             play(provider, {f"spike-{i}": [(f"spike {i}", "INVENTED figure")] for i in range(40)}, agent="spiky-bot")
             play(provider, {f"calm-{i}": [(f"calm {i}", "I am not sure.")] for i in range(40)}, agent="honest-bot")
             play(provider, {f"flaky-{i}": [(f"flaky {i}", "ok")] for i in range(3)}, agent="flaky-bot")
+            for i in range(5):  # users disagree with the honest verdicts and agree with the hallucination ones
+                record_feedback(f"calm-{i}", label="thumbs_down", agent="honest-bot", tracer_provider=provider)
+                record_feedback(f"spike-{i}", score=-1.0, agent="spiky-bot", tracer_provider=provider)
+            provider.force_flush()
             wait_for(lambda: consumer.sessions() == 85, timeout=120, what="all 85 conversations accounted")
+            wait_for(
+                lambda: consumer.value("tracejudge_feedback_total", agent="honest-bot", feedback="negative") == 5,
+                what="feedback counted",
+            )
 
             def spike_alert() -> list[dict]:
                 alerts = api(base, "/api/v1/alerts")["alerts"]

@@ -2,18 +2,28 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import threading
 import time
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+from kafka import KafkaConsumer
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.trace import TracerProvider
 from prometheus_client import CollectorRegistry
 
 from tracejudge.consumer.app import App, build_app
+from tracejudge.consumer.embedded_broker import EmbeddedBroker
 from tracejudge.consumer.settings import Settings
 from tracejudge.tracer import end_conversation, setup_tracing, traced_agent
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def consumer_settings(bootstrap: str, topic: str, **overrides: Any) -> Settings:
@@ -107,3 +117,60 @@ def play(
         if end:
             end_conversation(conversation_id, agent=agent, tracer_provider=provider)
     provider.force_flush()
+
+
+def consumer_process(broker: EmbeddedBroker, topic: str, group: str, results: str, **env: str) -> subprocess.Popen:
+    environment = {
+        **os.environ,
+        "TRACEJUDGE_KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap_servers,
+        "TRACEJUDGE_TOPIC": topic,
+        "TRACEJUDGE_GROUP_ID": group,
+        "TRACEJUDGE_START_FROM": "earliest",
+        "TRACEJUDGE_RESULTS_TOPIC": results,
+        "TRACEJUDGE_METRICS": "failure_rate",
+        "TRACEJUDGE_METRICS_HOST": "127.0.0.1",
+        "TRACEJUDGE_METRICS_PORT": "0",
+        "TRACEJUDGE_COMMIT_INTERVAL": "0.3",
+        "TRACEJUDGE_JUDGE_TIMEOUT": "20",
+        "TRACEJUDGE_KAFKA_CONFIG": "session_timeout_ms=6000,heartbeat_interval_ms=1000",
+        "PYTHONPATH": str(ROOT),
+        **env,
+    }
+    return subprocess.Popen(
+        [sys.executable, "-m", "tracejudge.consumer"],
+        env=environment,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def result_records(broker: EmbeddedBroker, results: str, expected: int, timeout_s: float = 30) -> list[dict]:
+    return [json.loads(r.value) for r in read_records(broker.bootstrap_servers, results, expected, timeout_s)]
+
+
+def read_records(bootstrap: str, topic: str, expected: int, timeout_s: float = 20.0) -> list:
+    consumer = KafkaConsumer(
+        topic,
+        bootstrap_servers=bootstrap,
+        group_id=f"reader-{uuid.uuid4().hex[:6]}",
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        session_timeout_ms=6000,
+        heartbeat_interval_ms=1000,
+    )
+    records: list = []
+    deadline = time.monotonic() + timeout_s
+    try:
+        while len(records) < expected and time.monotonic() < deadline:
+            for batch in consumer.poll(timeout_ms=500).values():
+                records.extend(batch)
+    finally:
+        consumer.close()
+    return records
+
+
+def spans_of(record) -> list:
+    request = ExportTraceServiceRequest()
+    request.ParseFromString(record.value)
+    return [span for rs in request.resource_spans for ss in rs.scope_spans for span in ss.spans]

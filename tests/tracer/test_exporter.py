@@ -4,44 +4,16 @@ from __future__ import annotations
 
 import threading
 import time
-import uuid
 
 import pytest
-from kafka import KafkaConsumer
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 
+from tests.support.pipeline import read_records, spans_of
 from tracejudge.consumer.embedded_broker import EmbeddedBroker, free_port
 from tracejudge.tracer import KafkaSpanExporter, conversation, setup_tracing, traced_agent
 from tracejudge.tracer.setup import exporter_stats
-
-
-def read_records(bootstrap: str, topic: str, expected: int, timeout_s: float = 20.0) -> list:
-    consumer = KafkaConsumer(
-        topic,
-        bootstrap_servers=bootstrap,
-        group_id=f"reader-{uuid.uuid4().hex[:6]}",
-        auto_offset_reset="earliest",
-        enable_auto_commit=False,
-        session_timeout_ms=6000,
-        heartbeat_interval_ms=1000,
-    )
-    records: list = []
-    deadline = time.monotonic() + timeout_s
-    try:
-        while len(records) < expected and time.monotonic() < deadline:
-            for batch in consumer.poll(timeout_ms=500).values():
-                records.extend(batch)
-    finally:
-        consumer.close()
-    return records
-
-
-def spans_of(record) -> list:
-    request = ExportTraceServiceRequest()
-    request.ParseFromString(record.value)
-    return [span for rs in request.resource_spans for ss in rs.scope_spans for span in ss.spans]
 
 
 def attribute(span, key: str):
@@ -178,5 +150,5 @@ def test_producer_options_pass_through_and_bad_ones_fail_clearly() -> None:
     )
     assert exporter.producer_config["security_protocol"] == "SASL_SSL"
     assert exporter.producer_config["acks"] == "all"
-    with pytest.raises(ValueError, match="unknown Kafka producer option"):
+    with pytest.raises(ValueError, match="unknown Kafka client option"):
         KafkaSpanExporter("127.0.0.1:9", securty_protocol="SSL")

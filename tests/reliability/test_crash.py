@@ -1,0 +1,95 @@
+"""kill -9 the consumer five times while 2,000 conversations flow: every conversation is judged at least once,
+duplicates stay within what was uncommitted at each kill, and duplicates carry the same deterministic result id."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+import uuid
+from collections import defaultdict
+
+from kafka import KafkaConsumer, TopicPartition
+
+from tests.consumer.test_pipeline import scripted_judge
+from tests.support.judge_server import JudgeServer, conversation_text
+from tests.support.pipeline import consumer_process, play, read_records, result_records, traced_app, wait_for
+from tracejudge.consumer.embedded_broker import EmbeddedBroker
+
+CONVERSATIONS = 2_000
+KILLS = 5
+
+
+def committed_offsets(bootstrap: str, topic: str, group: str) -> dict[int, int]:
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False)
+    try:
+        partitions = consumer.partitions_for_topic(topic) or set()
+        return {p: consumer.committed(TopicPartition(topic, p)) or 0 for p in partitions}
+    finally:
+        consumer.close()
+
+
+def test_five_kill_9s_lose_nothing(broker: EmbeddedBroker, topic: str, judge_server: JudgeServer) -> None:
+    judge_server.responder = scripted_judge
+    results, group = f"{topic}-results", f"crash-{uuid.uuid4().hex[:6]}"
+    broker.create_topic(results, 1)
+    provider = traced_app(broker.bootstrap_servers, topic)
+    ids = [f"crash-{i}" for i in range(CONVERSATIONS)]
+
+    def judged() -> set[str]:
+        texts = [conversation_text(r) for r in list(judge_server.requests)]
+        return {text.split("crash ", 1)[1].split(" ", 1)[0] for text in texts if "crash " in text}
+
+    def produce() -> None:
+        for start in range(0, CONVERSATIONS, 100):
+            play(
+                provider,
+                {cid: [(f"crash {cid.split('-')[1]} q", "a"), ("and?", "b")] for cid in ids[start : start + 100]},
+            )
+            time.sleep(0.2)
+
+    producer = threading.Thread(target=produce, daemon=True)
+    producer.start()
+    rng = random.Random(20261130)
+    thresholds = sorted(rng.sample(range(100, CONVERSATIONS - 200), KILLS))
+    kills: list[tuple[float, dict[int, int]]] = []
+    process = consumer_process(broker, topic, group, results, TRACEJUDGE_MAX_CONCURRENCY="16")
+    try:
+        for threshold in thresholds:
+            wait_for(lambda t=threshold: len(judged()) >= t, timeout=180, what=f"{threshold} conversations judged")
+            time.sleep(rng.uniform(0, 0.5))
+            process.kill()
+            process.wait(10)
+            kills.append((time.time(), committed_offsets(broker.bootstrap_servers, topic, group)))
+            process = consumer_process(broker, topic, group, results, TRACEJUDGE_MAX_CONCURRENCY="16")
+        producer.join(120)
+        wait_for(lambda: len(judged()) == CONVERSATIONS, timeout=300, what="every conversation judged")
+    finally:
+        process.terminate()
+        process.wait(60)
+    records = result_records(broker, results, expected=CONVERSATIONS, timeout_s=60)
+    by_conversation: dict[str, list[dict]] = defaultdict(list)
+    for record in records:
+        by_conversation[record["conversation_id"]].append(record)
+    assert set(by_conversation) == set(ids)  # every conversation judged at least once
+    for cid, copies in by_conversation.items():
+        assert len({r["result_id"] for r in copies}) == 1, cid  # duplicates share the deterministic id
+    duplicates = sum(len(copies) - 1 for copies in by_conversation.values())
+    # What may be judged again after a kill: conversations with a record at or after the committed offset then.
+    spans = read_records(broker.bootstrap_servers, topic, expected=CONVERSATIONS * 2, timeout_s=60)
+    positions: dict[str, list[tuple[int, int, int]]] = defaultdict(list)
+    for record in spans:
+        positions[record.key.decode()].append((record.partition, record.offset, record.timestamp))
+    uncommitted = 0
+    for killed_at, committed in kills:
+        uncommitted += sum(
+            1
+            for places in positions.values()
+            if any(offset >= committed.get(p, 0) and stamp <= killed_at * 1000 for p, offset, stamp in places)
+        )
+    assert duplicates <= uncommitted
+    print(
+        f"\ncrash: {KILLS} kills, {CONVERSATIONS} conversations, {duplicates} duplicate results, "
+        f"bound (conversations produced but uncommitted at the kills) {uncommitted}"
+    )
+    provider.shutdown()

@@ -1,0 +1,35 @@
+"""Kafka client options checked before any connection, so a wrong setting is one clear error, not a hang later."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+SECURITY_PROTOCOLS = frozenset({"PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"})
+SASL_MECHANISMS = frozenset({"PLAIN", "GSSAPI", "OAUTHBEARER", "SCRAM-SHA-256", "SCRAM-SHA-512"})
+_SSL_FILES = ("ssl_cafile", "ssl_certfile", "ssl_keyfile", "ssl_crlfile")
+
+
+def check_kafka_options(options: Mapping[str, Any], known: Iterable[str]) -> None:
+    """Raise ValueError naming the first problem: an unknown option, a bad protocol or mechanism, missing files."""
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise ValueError(f"unknown Kafka client option(s): {', '.join(unknown)}")
+    protocol = str(options.get("security_protocol", "PLAINTEXT"))
+    if protocol not in SECURITY_PROTOCOLS:
+        raise ValueError(f"security_protocol {protocol!r} is not one of {', '.join(sorted(SECURITY_PROTOCOLS))}")
+    mechanism = options.get("sasl_mechanism")
+    if protocol.startswith("SASL_"):
+        if mechanism is None:
+            raise ValueError(f"security_protocol {protocol} needs sasl_mechanism")
+        if mechanism not in SASL_MECHANISMS:
+            raise ValueError(f"sasl_mechanism {mechanism!r} is not one of {', '.join(sorted(SASL_MECHANISMS))}")
+        if mechanism in ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512") and not (
+            options.get("sasl_plain_username") and options.get("sasl_plain_password")
+        ):
+            raise ValueError(f"sasl_mechanism {mechanism} needs sasl_plain_username and sasl_plain_password")
+    for name in _SSL_FILES:
+        path = options.get(name)
+        if path is not None and not os.path.isfile(str(path)):
+            raise ValueError(f"{name} {path!r} is not a readable file")
