@@ -25,6 +25,8 @@ from .results import result_id
 from .sessions import JudgeJob, SessionStore
 
 logger = logging.getLogger("tracejudge.backfill")
+# Timestamps within a partition are only roughly ordered (several producers): read this far past --to.
+LATENESS_MS = 5 * 60_000
 
 
 def parse_time(text: str) -> datetime:
@@ -126,11 +128,11 @@ def read_range(
         idle_polls = 0
         for tp, records in batches.items():
             for record in records:
-                if record.timestamp >= end_ms:
+                if record.timestamp >= end_ms + LATENESS_MS:
                     done.add(tp.partition)
                     consumer.pause(tp)
                     break
-                if record.timestamp < start_ms:
+                if not start_ms <= record.timestamp < end_ms:
                     continue
                 report.records += 1
                 try:

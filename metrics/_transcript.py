@@ -6,6 +6,8 @@ import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from tracejudge.tracer._messages import valid_unicode
+
 from ._cases import EvalTestCase
 
 START = "<conversation_json>"
@@ -55,8 +57,8 @@ def render_transcript(
     field_limit = max(100, budget_chars // 5)
 
     def encode_turn(index: int, turn: EvalTestCase) -> str:
-        user = turn.input or ""
-        assistant = turn.actual_output or ""
+        user = valid_unicode(turn.input or "")
+        assistant = valid_unicode(turn.actual_output or "")
         if redactor is not None:
             user, assistant = redactor(user), redactor(assistant)
         return _encode(

@@ -8,7 +8,17 @@ from typing import Any
 MAX_CONTENT_CHARS = 100_000
 
 
+def valid_unicode(text: str) -> str:
+    """Lone surrogates cannot be encoded as UTF-8 (protobuf, HTTP): replace them instead of failing."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "replace").decode("utf-8")
+
+
 def _clip(text: str) -> str:
+    text = valid_unicode(text)
     if len(text) <= MAX_CONTENT_CHARS:
         return text
     return f"{text[:MAX_CONTENT_CHARS]}…[{len(text) - MAX_CONTENT_CHARS} characters truncated by tracejudge]"

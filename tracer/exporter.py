@@ -138,8 +138,14 @@ class KafkaSpanExporter(SpanExporter):
             groups.setdefault(conversation_key(span), []).append(span)
         deadline = time.monotonic() + self.export_timeout_s
         pending = []
+        unencodable = 0
         for key, group in groups.items():
-            value = encode_spans(group).SerializeToString()
+            try:  # one conversation's bad span (say, invalid Unicode in an attribute) never costs the others
+                value = encode_spans(group).SerializeToString()
+            except Exception as exc:
+                unencodable += len(group)
+                self._drop(len(group), f"could not encode spans: {exc!r}"[:300])
+                continue
             pending.append((producer.send(self.topic, key=key, value=value), len(group)))
         try:
             producer.flush(timeout=max(0.1, deadline - time.monotonic()))
@@ -157,8 +163,7 @@ class KafkaSpanExporter(SpanExporter):
         self.stats.add(spans_exported=delivered, records_sent=sum(1 for f, _ in pending if f.succeeded()))
         if failed:
             self._drop(failed, errors[0] if errors else "delivery not confirmed in time")
-            return SpanExportResult.FAILURE
-        return SpanExportResult.SUCCESS
+        return SpanExportResult.FAILURE if failed or unencodable else SpanExportResult.SUCCESS
 
     def _drop(self, count: int, reason: str) -> None:
         self.stats.add(spans_dropped=count, export_failures=1)

@@ -99,7 +99,6 @@ def test_backfill_judges_exactly_the_range(
     plan = {
         **{f"before-{i}": start_ms - HOUR_MS for i in range(3)},
         **{f"inside-{i}": start_ms + 30 * 60_000 + i * 1000 for i in range(5)},
-        **{f"after-{i}": end_ms + 10 * 60_000 for i in range(3)},
     }
     for conversation, stamp in plan.items():
         producer.send(
@@ -115,6 +114,13 @@ def test_backfill_judges_exactly_the_range(
         timestamp_ms=end_ms - 60_000,
     )
     producer.send(topic, key=b"agent-x", value=b"\x00garbage", timestamp_ms=start_ms + 1000)
+    for i in range(3):
+        producer.send(
+            topic,
+            key=f"after-{i}".encode(),
+            value=conversation_record(tracer, f"after-{i}", 2, ended=True),
+            timestamp_ms=end_ms + 10 * 60_000,
+        )
     producer.flush()
     producer.close()
 

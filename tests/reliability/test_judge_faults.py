@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import threading
 import time
 from collections import defaultdict
@@ -29,7 +30,8 @@ class FaultyJudge:
 
     def __call__(self, request: dict) -> Reply:
         text = conversation_text(request)
-        conversation = next((w for w in text.split() if w.startswith("faulty-")), "unknown").strip('",')
+        found = re.search(r"faulty-\d+", text)
+        conversation = found.group(0) if found else "unknown"
         with self.lock:
             roll = self.random.random()
             fault = self.random.choice(["429", "500", "timeout", "hang", "garbage", "unknown", "empty"])
