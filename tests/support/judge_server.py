@@ -44,6 +44,7 @@ class JudgeServer:
         self.default = default or verdict("not_applicable")
         self.queue: list[Reply] = []
         self.requests: list[dict[str, Any]] = []
+        self.request_times: list[float] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self.in_flight = 0
@@ -118,6 +119,7 @@ class JudgeServer:
     def _next(self, body: dict[str, Any]) -> Reply:
         with self._lock:
             self.requests.append(body)
+            self.request_times.append(time.time())
             if self.queue:
                 return self.queue.pop(0)
         if self.responder is not None:

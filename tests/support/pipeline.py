@@ -174,3 +174,27 @@ def spans_of(record) -> list:
     request = ExportTraceServiceRequest()
     request.ParseFromString(record.value)
     return [span for rs in request.resource_spans for ss in rs.scope_spans for span in ss.spans]
+
+
+def read_all(bootstrap: str, topic: str, timeout_s: float = 60.0) -> list:
+    """Every record of the topic up to the fetch high watermark (manual assignment: no group, no join delay)."""
+    from kafka import TopicPartition
+
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    records: list = []
+    try:
+        partitions = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or [])]
+        consumer.assign(partitions)
+        consumer.seek_to_beginning(*partitions)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for batch in consumer.poll(timeout_ms=300).values():
+                records.extend(batch)
+            if all(
+                consumer.highwater(tp) is not None and consumer.position(tp) >= consumer.highwater(tp)
+                for tp in partitions
+            ):
+                break
+    finally:
+        consumer.close()
+    return records
