@@ -76,6 +76,18 @@ def build_otlp_providers(endpoint: str, protocol: str, service_name: str = "trac
     return tracer_provider, logger_provider
 
 
+def flush_providers(*providers: Any) -> None:
+    """Flush and shut down OTLP tracer/logger providers; a failing backend is logged, never raised."""
+    for provider in providers:
+        if provider is None:
+            continue
+        try:
+            provider.force_flush()
+            provider.shutdown()
+        except Exception as exc:
+            logger.warning("flushing OTLP output: %r", exc)
+
+
 @dataclass
 class App:
     settings: Settings
@@ -107,13 +119,7 @@ class App:
         self._closed = True
         if self.results_writer is not None:
             self.results_writer.close()
-        for provider in (self.tracer_provider, self.logger_provider):
-            if provider is not None:
-                try:
-                    provider.force_flush()
-                    provider.shutdown()
-                except Exception as exc:
-                    logger.warning("flushing OTLP output: %r", exc)
+        flush_providers(self.tracer_provider, self.logger_provider)
         if self.http_server is not None:
             self.http_server.shutdown()
             self.http_server.server_close()

@@ -175,7 +175,7 @@ def run_backfill(namespace: argparse.Namespace) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
     from rich.table import Table
 
-    from .app import build_judges, build_otlp_providers
+    from .app import build_judges, build_otlp_providers, flush_providers
     from .emit._kafka_writer import KafkaWriter
     from .emit.otel import EvaluationEmitter
     from .emit.prometheus import ConsumerMetrics
@@ -278,10 +278,7 @@ def run_backfill(namespace: argparse.Namespace) -> int:
     pool.stop(settings.shutdown_grace)
     if results_writer is not None:
         results_writer.close()
-    for provider in (tracer_provider, logger_provider):
-        if provider is not None:
-            provider.force_flush()
-            provider.shutdown()
+    flush_providers(tracer_provider, logger_provider)
     for judgement in finished:
         if judgement.outcome == OUTCOME_JUDGED:
             report.judged += 1

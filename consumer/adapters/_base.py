@@ -113,6 +113,20 @@ def _message_content(message: dict[str, Any]) -> str:
     return ""
 
 
+def indexed_messages(
+    attributes: dict[str, Any], prefix: str, role_key: str, content_key: str
+) -> list[tuple[str | None, str]]:
+    """Flattened message lists (`<prefix>N.<role_key>`, `<prefix>N.<content_key>`) as (role, content) in N order."""
+    found: dict[int, dict[str, Any]] = {}
+    for key, value in attributes.items():
+        if not key.startswith(prefix):
+            continue
+        index, _, rest = key[len(prefix) :].partition(".")
+        if index.isdigit() and rest in (role_key, content_key):
+            found.setdefault(int(index), {})[rest] = value
+    return [(m.get(role_key), m[content_key]) for _, m in sorted(found.items()) if isinstance(m.get(content_key), str)]
+
+
 def turn_from_span(span: DecodedSpan, input_text: str | None, output_text: str | None, index: Any = None) -> Turn:
     return Turn(
         span_id=span.span_id,

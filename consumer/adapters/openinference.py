@@ -2,27 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from ..decode import DecodedSpan
-from ._base import ConversationEvent, as_text, clean_agent, turn_from_span
+from ._base import ConversationEvent, as_text, clean_agent, indexed_messages, turn_from_span
 
 SESSION_ID = "session.id"
-
-
-def _indexed_messages(attributes: dict[str, Any], prefix: str) -> list[tuple[str | None, str]]:
-    found: dict[int, dict[str, Any]] = {}
-    for key, value in attributes.items():
-        if not key.startswith(prefix):
-            continue
-        index, _, rest = key[len(prefix) :].partition(".")
-        if index.isdigit() and rest in ("message.role", "message.content"):
-            found.setdefault(int(index), {})[rest] = value
-    return [
-        (m.get("message.role"), m["message.content"])
-        for _, m in sorted(found.items())
-        if isinstance(m.get("message.content"), str)
-    ]
 
 
 def extract(span: DecodedSpan) -> ConversationEvent | None:
@@ -32,11 +15,17 @@ def extract(span: DecodedSpan) -> ConversationEvent | None:
         return None
     user = as_text(attributes.get("input.value"))
     if user is None:
-        messages = [c for role, c in _indexed_messages(attributes, "llm.input_messages.") if role in (None, "user")]
+        messages = [
+            c
+            for role, c in indexed_messages(attributes, "llm.input_messages.", "message.role", "message.content")
+            if role in (None, "user")
+        ]
         user = messages[-1] if messages else None
     answer = as_text(attributes.get("output.value"))
     if answer is None:
-        messages = [c for _, c in _indexed_messages(attributes, "llm.output_messages.")]
+        messages = [
+            c for _, c in indexed_messages(attributes, "llm.output_messages.", "message.role", "message.content")
+        ]
         answer = "\n".join(messages) if messages else None
     if user is None and answer is None:
         return None
