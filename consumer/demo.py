@@ -389,8 +389,6 @@ def _print_summary(console: Any, summary: dict[str, dict[str, Any]], registry: A
     table = table_cls(title="tracejudge demo: per agent")
     for column in ("agent", "judged", "failed", "hallucination rate", "flow score"):
         table.add_column(column, no_wrap=True)
-    table.add_column("failure-rate verdicts")
-    table.add_column("flow verdicts")
     for agent, row in summary.items():
         rate, flow = row["hallucination_rate"], row["flow_score"]
         table.add_row(
@@ -399,10 +397,16 @@ def _print_summary(console: Any, summary: dict[str, dict[str, Any]], registry: A
             str(row["failed"]),
             "—" if rate is None else f"{rate:.2f}",
             "—" if flow is None else f"{flow:.2f}",
-            "\n".join(f"{k.split(':')[1]} ×{v}" for k, v in sorted(row["verdicts"].items()) if k.startswith("failure")),
-            "\n".join(f"{k.split(':')[1]} ×{v}" for k, v in sorted(row["verdicts"].items()) if k.startswith("conv")),
         )
     console.print(table)
+    verdicts = table_cls(title="verdicts")
+    for column in ("agent", "metric", "verdict", "count"):
+        verdicts.add_column(column, no_wrap=True)
+    for agent, row in summary.items():
+        for key, count in sorted(row["verdicts"].items()):
+            metric, verdict = key.split(":")
+            verdicts.add_row(agent, metric, verdict, str(count))
+    console.print(verdicts)
     calls = sum(
         s.value
         for family in registry.collect()
