@@ -89,14 +89,50 @@ def flush_providers(*providers: Any) -> None:
 
 
 @dataclass
+class Outputs:
+    """Where judgements go besides Prometheus: OTLP evaluation spans and events, the results topic."""
+
+    sinks: list[JudgementSink]
+    results_writer: KafkaWriter | None = None
+    tracer_provider: Any = None
+    logger_provider: Any = None
+
+    def close(self) -> None:
+        if self.results_writer is not None:
+            self.results_writer.close()
+        flush_providers(self.tracer_provider, self.logger_provider)
+
+
+def build_outputs(
+    settings: Settings,
+    *,
+    tracer_provider: Any = None,
+    logger_provider: Any = None,
+    service_name: str = "tracejudge-consumer",
+) -> Outputs:
+    sinks: list[JudgementSink] = []
+    if tracer_provider is None and settings.otlp_endpoint:
+        tracer_provider, logger_provider = build_otlp_providers(
+            settings.otlp_endpoint, settings.otlp_protocol, service_name
+        )
+    if tracer_provider is not None:
+        sinks.append(EvaluationEmitter(tracer_provider, logger_provider))
+    results_writer = None
+    if settings.results_topic:
+        results_writer = KafkaWriter(
+            settings.bootstrap_servers, settings.results_topic, **settings.producer_config()
+        ).start()
+        sinks.append(ResultsTopic(results_writer))
+    return Outputs(sinks, results_writer, tracer_provider, logger_provider)
+
+
+@dataclass
 class App:
     settings: Settings
     service: ConsumerService
     registry: CollectorRegistry
     prometheus: ConsumerMetrics
-    tracer_provider: Any = None
-    logger_provider: Any = None
-    results_writer: KafkaWriter | None = None
+    outputs: Outputs
     http_server: Any = None
     _closed: bool = field(default=False, repr=False)
 
@@ -117,9 +153,7 @@ class App:
         if self._closed:
             return
         self._closed = True
-        if self.results_writer is not None:
-            self.results_writer.close()
-        flush_providers(self.tracer_provider, self.logger_provider)
+        self.outputs.close()
         if self.http_server is not None:
             self.http_server.shutdown()
             self.http_server.server_close()
@@ -143,19 +177,10 @@ def build_app(
         window_sessions=settings.window_sessions,
         window_seconds=settings.window_seconds,
     )
-    sinks: list[JudgementSink] = list(extra_sinks or [])
-    if tracer_provider is None and settings.otlp_endpoint:
-        tracer_provider, logger_provider = build_otlp_providers(settings.otlp_endpoint, settings.otlp_protocol)
-    if tracer_provider is not None:
-        sinks.append(EvaluationEmitter(tracer_provider, logger_provider))
-    results_writer = None
-    if settings.results_topic:
-        results_writer = KafkaWriter(
-            settings.bootstrap_servers, settings.results_topic, **settings.producer_config()
-        ).start()
-        sinks.append(ResultsTopic(results_writer))
+    outputs = build_outputs(settings, tracer_provider=tracer_provider, logger_provider=logger_provider)
+    sinks = [*(extra_sinks or []), *outputs.sinks]
     service = ConsumerService(settings, build_judges(settings, judge, redactor), prometheus, sinks=sinks)
     http_server = None
     if serve_metrics:
         http_server, _thread = start_http_server(settings.metrics_port, settings.metrics_host, registry=registry)
-    return App(settings, service, registry, prometheus, tracer_provider, logger_provider, results_writer, http_server)
+    return App(settings, service, registry, prometheus, outputs, http_server)

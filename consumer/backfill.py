@@ -175,11 +175,8 @@ def run_backfill(namespace: argparse.Namespace) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
     from rich.table import Table
 
-    from .app import build_judges, build_otlp_providers, flush_providers
-    from .emit._kafka_writer import KafkaWriter
-    from .emit.otel import EvaluationEmitter
+    from .app import build_judges, build_outputs
     from .emit.prometheus import ConsumerMetrics
-    from .emit.results_topic import ResultsTopic
     from .pool import JudgePool
     from .sampling import Sampler
 
@@ -230,25 +227,13 @@ def run_backfill(namespace: argparse.Namespace) -> int:
             continue
         selected.append(job)
 
-    sinks: list[Any] = []
-    results_writer = None
-    if settings.results_topic:
-        results_writer = KafkaWriter(
-            settings.bootstrap_servers, settings.results_topic, **settings.producer_config()
-        ).start()
-        sinks.append(ResultsTopic(results_writer))
-    tracer_provider = logger_provider = None
-    if settings.otlp_endpoint:
-        tracer_provider, logger_provider = build_otlp_providers(
-            settings.otlp_endpoint, settings.otlp_protocol, "tracejudge-backfill"
-        )
-        sinks.append(EvaluationEmitter(tracer_provider, logger_provider))
+    outputs = build_outputs(settings, service_name="tracejudge-backfill")
     prometheus = ConsumerMetrics(CollectorRegistry(), max_agents=settings.max_agents)
     finished: list[Judgement] = []
 
     def done(judgement: Judgement) -> None:
         prometheus.record_judgement(judgement)
-        for sink in sinks:
+        for sink in outputs.sinks:
             sink.emit(judgement)
         finished.append(judgement)
 
@@ -276,9 +261,7 @@ def run_backfill(namespace: argparse.Namespace) -> int:
             time.sleep(0.1)
         progress.update(task, completed=len(finished), cost=sum(r.cost_usd or 0 for j in finished for r in j.results))
     pool.stop(settings.shutdown_grace)
-    if results_writer is not None:
-        results_writer.close()
-    flush_providers(tracer_provider, logger_provider)
+    outputs.close()
     for judgement in finished:
         if judgement.outcome == OUTCOME_JUDGED:
             report.judged += 1
