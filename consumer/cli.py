@@ -20,7 +20,7 @@ CONSUMER_FLAGS: list[tuple[str, str, dict[str, Any]]] = [
     ("--bootstrap-servers", "bootstrap_servers", {}),
     ("--topic", "topic", {}),
     ("--group-id", "group_id", {}),
-    ("--start-from", "start_from", {"choices": ["latest", "earliest"]}),
+    ("--start-from", "start_from", {"metavar": "latest|earliest"}),
     ("--judge-model", "judge_model", {}),
     ("--metrics", "metrics", {"help": "comma-separated: failure_rate,conversational_flow"}),
     ("--sample-rate", "sample_rate", {}),
@@ -33,7 +33,7 @@ CONSUMER_FLAGS: list[tuple[str, str, dict[str, Any]]] = [
     ("--metrics-port", "metrics_port", {}),
     ("--max-agents", "max_agents", {}),
     ("--otlp-endpoint", "otlp_endpoint", {}),
-    ("--otlp-protocol", "otlp_protocol", {"choices": ["http/protobuf", "grpc"]}),
+    ("--otlp-protocol", "otlp_protocol", {"metavar": "http/protobuf|grpc"}),
     ("--results-topic", "results_topic", {}),
     ("--dead-letter-topic", "dead_letter_topic", {}),
     ("--kafka-config", "kafka_config", {"action": "append", "metavar": "KEY=VALUE"}),
@@ -47,7 +47,7 @@ CONSUMER_FLAGS: list[tuple[str, str, dict[str, Any]]] = [
     ("--max-turns-per-conversation", "max_turns_per_conversation", {}),
     ("--max-record-bytes", "max_record_bytes", {}),
     ("--commit-interval", "commit_interval", {"metavar": "SECONDS"}),
-    ("--log-format", "log_format", {"choices": ["text", "json"]}),
+    ("--log-format", "log_format", {"metavar": "text|json"}),
     ("--log-level", "log_level", {}),
 ]
 
