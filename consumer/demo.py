@@ -386,6 +386,8 @@ def _create_topic(bootstrap: str, topic: str) -> None:
 
 
 def _print_summary(console: Any, summary: dict[str, dict[str, Any]], registry: Any, table_cls: Any) -> None:
+    from .emit.prometheus import family_total
+
     table = table_cls(title="tracejudge demo: per agent")
     for column in ("agent", "judged", "failed", "hallucination rate", "flow score"):
         table.add_column(column, no_wrap=True)
@@ -407,18 +409,6 @@ def _print_summary(console: Any, summary: dict[str, dict[str, Any]], registry: A
             metric, verdict = key.split(":")
             verdicts.add_row(agent, metric, verdict, str(count))
     console.print(verdicts)
-    calls = sum(
-        s.value
-        for family in registry.collect()
-        if family.name == "tracejudge_judge_latency_seconds"
-        for s in family.samples
-        if s.name.endswith("_count")
-    )
-    cost = sum(
-        s.value
-        for family in registry.collect()
-        if family.name == "tracejudge_judge_cost_usd"
-        for s in family.samples
-        if s.name.endswith("_total")
-    )
+    calls = family_total(registry, "tracejudge_judge_latency_seconds", "_count")
+    cost = family_total(registry, "tracejudge_judge_cost_usd")
     console.print(f"judge calls: {int(calls)}   judge cost: ${cost:.4f}")

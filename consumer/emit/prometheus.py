@@ -114,30 +114,42 @@ class _Windows(Collector):
 
     def collect(self) -> Iterator[Metric]:
         hallucination, flow = self.values()
-        rate = GaugeMetricFamily(
+        yield _gauge(
             "tracejudge_hallucination_rate",
             "Share of Failure Rate verdicts that are hallucination over the agent's recent judged conversations",
-            labels=["agent"],
+            ["agent"],
+            {(agent,): value for agent, value in hallucination.items()},
         )
-        for agent, value in hallucination.items():
-            rate.add_metric([agent], value)
-        score = GaugeMetricFamily(
+        yield _gauge(
             "tracejudge_flow_score",
             "Mean Conversational Flow score over the agent's recent judged conversations",
-            labels=["agent"],
+            ["agent"],
+            {(agent,): value for agent, value in flow.items()},
         )
-        for agent, value in flow.items():
-            score.add_metric([agent], value)
-        agreement = GaugeMetricFamily(
+        yield _gauge(
             "tracejudge_judge_human_agreement",
             "Share of conversations with feedback where the judge's pass/fail agrees with the human's up/down",
-            labels=["agent", "metric"],
+            ["agent", "metric"],
+            self.agreement(),
         )
-        for (agent, metric), value in self.agreement().items():
-            agreement.add_metric([agent, metric], value)
-        yield rate
-        yield score
-        yield agreement
+
+
+def _gauge(name: str, documentation: str, labels: list[str], values: dict[tuple[str, ...], float]) -> Metric:
+    family = GaugeMetricFamily(name, documentation, labels=labels)
+    for label_values, value in values.items():
+        family.add_metric(list(label_values), value)
+    return family
+
+
+def family_total(registry: CollectorRegistry, family: str, suffix: str = "_total", **labels: str) -> float:
+    """Sum of a metric family's samples ending in `suffix` whose labels include `labels` (e.g. all agents)."""
+    return sum(
+        sample.value
+        for metric in registry.collect()
+        if metric.name == family
+        for sample in metric.samples
+        if sample.name.endswith(suffix) and all(sample.labels.get(k) == v for k, v in labels.items())
+    )
 
 
 class ConsumerMetrics:

@@ -14,6 +14,7 @@ from tests.consumer.test_pipeline import Collect
 from tests.support.judge_server import JudgeServer, Reply, conversation_text
 from tests.support.pipeline import RunningConsumer, consumer_settings, play, traced_app, wait_for
 from tracejudge.consumer.embedded_broker import EmbeddedBroker
+from tracejudge.consumer.emit.prometheus import family_total
 
 CONVERSATIONS = 120
 LABELS = ["hallucination", "stall", "mixed", "honest_fallback", "alternative_proposed", "not_applicable"]
@@ -66,13 +67,7 @@ def test_judge_faults_are_counted_never_scored(broker: EmbeddedBroker, topic: st
         play(provider, {f"faulty-{i}": [(f"faulty-{i} question", "answer")] for i in range(CONVERSATIONS)})
         wait_for(lambda: consumer.sessions() == CONVERSATIONS, timeout=240, what="every conversation accounted")
         judged, failed = consumer.sessions("judged"), consumer.sessions("failed")
-        errors = sum(
-            s.value
-            for f in consumer.app.registry.collect()
-            if f.name == "tracejudge_judge_errors"
-            for s in f.samples
-            if s.name.endswith("_total")
-        )
+        errors = family_total(consumer.app.registry, "tracejudge_judge_errors")
     elapsed = time.monotonic() - started
     assert judged + failed == CONVERSATIONS
     assert failed == errors > 0

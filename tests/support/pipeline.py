@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry
 
 from tracejudge.consumer.app import App, build_app
 from tracejudge.consumer.embedded_broker import EmbeddedBroker
+from tracejudge.consumer.emit.prometheus import family_total
 from tracejudge.consumer.settings import Settings
 from tracejudge.tracer import end_conversation, setup_tracing, traced_agent
 
@@ -71,14 +72,8 @@ class RunningConsumer:
         return self.app.registry.get_sample_value(name, labels) or 0.0
 
     def sessions(self, outcome: str | None = None) -> float:
-        total = 0.0
-        for family in self.app.registry.collect():
-            if family.name != "tracejudge_sessions":
-                continue
-            for sample in family.samples:
-                if sample.name.endswith("_total") and (outcome is None or sample.labels["outcome"] == outcome):
-                    total += sample.value
-        return total
+        labels = {} if outcome is None else {"outcome": outcome}
+        return family_total(self.app.registry, "tracejudge_sessions", **labels)
 
 
 def wait_for(condition: Callable[[], bool], timeout: float = 60.0, what: str = "condition") -> None:
