@@ -4,7 +4,7 @@ A script written against `eval_lib` runs unchanged once `from eval_lib import ..
 `from tracejudge.metrics.compat import ...`: `await metric.evaluate(case)` returns eval_lib's dict, and
 `evaluate_conversations` returns its `(None, [ConversationalTestCaseResult])` pairs, with `metrics_data` rows of its
 `MetricResult` shape. Underneath run our judges (`tracejudge.metrics`): strict labels, a corrective retry, bounded
-retries with timeouts, and every judge call of a batch concurrent.
+retries with timeouts, and the judge calls of a batch concurrent.
 
 Where eval_lib guesses, this module does not: a judgement that could not be made (unknown label, unparseable answer,
 timeout, provider error, a conversation without turns, a metric that raised) is `score=None`, `success=False` with
@@ -15,6 +15,9 @@ first exception.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -27,7 +30,6 @@ from ._llm import resolve_backend
 from ._results import ERROR_INTERNAL
 from ._results import MetricResult as _Judgement
 from .conversational_flow import ConversationalFlowRateMetric as _FlowJudge
-from .evaluate import evaluate_conversations as _evaluate_all
 from .failure_rate import FailureRateMetric as _FailureJudge
 
 __all__ = [
@@ -135,6 +137,15 @@ class _HolisticMetric(ConversationalMetricPattern):
         self._judge.model = value
 
     @property
+    def threshold(self) -> float:
+        return self._judge.threshold
+
+    @threshold.setter
+    def threshold(self, value: float) -> None:
+        """Kept on the judge too, so `evaluation_log["judge"]` agrees with the result after a change."""
+        self._judge.threshold = value
+
+    @property
     def judge(self) -> HolisticJudgeMetric:
         """The `tracejudge.metrics` judge doing the work (its `evaluate` returns a structured `MetricResult`)."""
         return self._judge
@@ -216,36 +227,33 @@ def _render_dialogue(turns: Iterable[Any]) -> str:
     )
 
 
-class _Outcome(_Judgement):
-    """What a metric's `evaluate` returned, carried through our batch runner untouched."""
-
-    payload: Any = None
-
-
-class _Adapter:
-    """Presents an eval_lib-style metric to `tracejudge.metrics.evaluate_conversations` (concurrency, isolation).
-
-    Its own name, threshold and model are only what the runner needs to report a raised exception; the rows take
-    them from the wrapped metric, as eval_lib does.
-    """
-
-    def __init__(self, metric: Any) -> None:
-        self.metric = metric
-        self.name = str(getattr(metric, "name", type(metric).__name__))
-        self.threshold = 0.0
-        self.model_name = ""
-
-    async def evaluate(self, conversation: Any) -> _Outcome:
-        payload = await self.metric.evaluate(conversation)
-        return _Outcome.model_construct(name=self.name, threshold=0.0, model="", payload=payload)
+def _attr(metric: Any, name: str, default: Any) -> Any:
+    """Read a metric's attribute; a property of a foreign metric that raises must not abort the batch."""
+    try:
+        return getattr(metric, name, default)
+    except Exception:
+        return default
 
 
-def _row(metric: Any, outcome: _Judgement) -> MetricResult:
-    """A metrics_data row as eval_lib builds it: name, threshold, model from the metric; the rest from its dict."""
-    name = getattr(metric, "name", type(metric).__name__)
-    threshold = getattr(metric, "threshold", None)
-    model = getattr(metric, "model", None)
-    payload = outcome.payload if isinstance(outcome, _Outcome) else None
+def _failed_row(metric: Any, reason: str, error_kind: str) -> MetricResult:
+    return MetricResult(
+        name=_attr(metric, "name", type(metric).__name__),
+        score=None,
+        threshold=_attr(metric, "threshold", None),
+        success=False,
+        evaluation_cost=0.0,
+        reason=reason,
+        evaluation_model=_attr(metric, "model", None),
+        evaluation_log={"error": reason, "error_kind": error_kind},
+    )
+
+
+def _row(metric: Any, payload: Any) -> MetricResult:
+    """A metrics_data row as eval_lib builds it: name, threshold, model read from the metric right after its
+    `evaluate` returned; the rest from its dict."""
+    name = _attr(metric, "name", type(metric).__name__)
+    threshold = _attr(metric, "threshold", None)
+    model = _attr(metric, "model", None)
     if isinstance(payload, Mapping) and "score" in payload and "success" in payload:
         return MetricResult(
             name=name,
@@ -268,22 +276,31 @@ def _row(metric: Any, outcome: _Judgement) -> MetricResult:
             evaluation_model=model,
             evaluation_log=payload.model_dump(mode="json"),
         )
-    if isinstance(outcome, _Outcome):
-        reason = f"metric returned {type(payload).__name__}, not a dict with 'score' and 'success'"
-        error_kind = ERROR_INTERNAL
-    else:  # the metric raised: our runner turned it into a failure value
-        reason = outcome.reason or outcome.error or "metric failed"
-        error_kind = outcome.error_kind or ERROR_INTERNAL
-    return MetricResult(
-        name=name,
-        score=None,
-        threshold=threshold,
-        success=False,
-        evaluation_cost=0.0,
-        reason=reason,
-        evaluation_model=model,
-        evaluation_log={"error": reason, "error_kind": error_kind},
-    )
+    if isinstance(payload, Mapping):
+        missing = " and ".join(repr(key) for key in ("score", "success") if key not in payload)
+        return _failed_row(metric, f"metric returned a dict without {missing}", ERROR_INTERNAL)
+    return _failed_row(metric, f"metric returned {type(payload).__name__}, not a dict", ERROR_INTERNAL)
+
+
+def _concurrency_safe(metric: Any) -> bool:
+    """Our judges keep no per-call state. Anyone else's metric may (eval_lib's ToolCorrectnessMetric sets
+    `self.tools_called` from the case) and was written for eval_lib, which calls it one conversation at a time; so
+    may a subclass of ours that overrides `evaluate`."""
+    for base in (_HolisticMetric, HolisticJudgeMetric):
+        if isinstance(metric, base):
+            return getattr(type(metric), "evaluate", None) is base.evaluate
+    return False
+
+
+async def _judge_one(metric: Any, case: Any) -> MetricResult:
+    try:
+        payload = await metric.evaluate(case)
+    except Exception as exc:
+        return _failed_row(metric, f"metric raised {exc!r}", ERROR_INTERNAL)
+    try:
+        return _row(metric, payload)
+    except Exception as exc:  # e.g. a Mapping whose lookups raise
+        return _failed_row(metric, f"metric result unreadable: {exc!r}", ERROR_INTERNAL)
 
 
 def _dialogue(case: Any) -> list[dict[str, Any]]:
@@ -294,29 +311,42 @@ def _dialogue(case: Any) -> list[dict[str, Any]]:
     return dialogue
 
 
-def _override_verbose(metrics: Sequence[Any], verbose: bool) -> list[tuple[Any, Any]]:
+# id(metric) -> [metric, its own verbose, batches running it]. Batches may overlap (asyncio.gather, threads): the
+# metric's own value is taken by the first and put back by the last, never a value another batch set meanwhile.
+_verbose_overrides: dict[int, list[Any]] = {}
+_verbose_lock = threading.Lock()
+
+
+def _override_verbose(metrics: Sequence[Any], verbose: bool) -> list[Any]:
     """eval_lib runs every metric with the batch's `verbose` and restores the metric's own afterwards."""
-    saved: list[tuple[Any, Any]] = []
-    seen: set[int] = set()
-    for metric in metrics:
-        if id(metric) in seen:
-            continue
-        seen.add(id(metric))
-        original = getattr(metric, "verbose", True)
-        try:
-            metric.verbose = verbose
-        except Exception:  # a frozen or slotted foreign metric: leave it as it is
-            continue
-        saved.append((metric, original))
-    return saved
+    entered: list[Any] = []
+    with _verbose_lock:
+        for metric in {id(m): m for m in metrics}.values():
+            entry = _verbose_overrides.get(id(metric))
+            original = entry[1] if entry else _attr(metric, "verbose", True)
+            try:
+                metric.verbose = verbose
+            except Exception:  # a frozen or slotted foreign metric: leave it as it is
+                continue
+            if entry:
+                entry[2] += 1
+            else:
+                _verbose_overrides[id(metric)] = [metric, original, 1]
+            entered.append(metric)
+    return entered
 
 
-def _restore_verbose(saved: list[tuple[Any, Any]]) -> None:
-    for metric, original in saved:
-        try:
-            metric.verbose = original
-        except Exception:
-            pass
+def _restore_verbose(entered: list[Any]) -> None:
+    with _verbose_lock:
+        for metric in entered:
+            entry = _verbose_overrides[id(metric)]
+            entry[2] -= 1
+            if entry[2] == 0:
+                del _verbose_overrides[id(metric)]
+                try:
+                    metric.verbose = entry[1]
+                except Exception:
+                    pass
 
 
 async def evaluate_conversations(
@@ -328,24 +358,38 @@ async def evaluate_conversations(
 ) -> list[tuple[None, list[ConversationalTestCaseResult]]]:
     """eval_lib's `evaluate_conversations`: one `(None, [ConversationalTestCaseResult])` per case, in input order.
 
-    `metrics` may be ours or any eval_lib-style metric object. Every (conversation, metric) judgement runs
-    concurrently (at most `max_concurrency` at once) instead of one after another; a metric that raises or returns
-    something other than eval_lib's dict gives a row with `score` None and `success` False instead of aborting the
-    batch. A conversation passes when all its rows pass (so with no metrics it passes, as in eval_lib).
+    `metrics` may be ours or any eval_lib-style metric object. Our judges run concurrently across conversations and
+    metrics (at most `max_concurrency` calls at once) instead of one after another; a metric object of anyone else's
+    is called for one conversation at a time, in order, as eval_lib does (it may keep per-call state on itself), while
+    the rest runs alongside. A metric that raises or returns something other than eval_lib's dict gives a row with
+    `score` None and `success` False instead of aborting the batch. A conversation passes when all its rows pass (so
+    with no metrics it passes, as in eval_lib).
     """
+    if max_concurrency < 1:
+        raise ValueError("max_concurrency must be at least 1")
     started = time.perf_counter()
     cases = list(conv_cases)
     metric_list = list(metrics)
     if verbose:
         print(f"tracejudge.metrics.compat: {len(cases)} conversation(s) × {len(metric_list)} metric(s)", flush=True)
-    saved = _override_verbose(metric_list, verbose)
+    slots = asyncio.Semaphore(max_concurrency)
+    # Taken before a slot, so calls waiting for their turn on someone else's metric do not hold our judges' slots.
+    turns = {id(m): asyncio.Lock() for m in metric_list if not _concurrency_safe(m)}
+
+    async def run(metric: Any, case: Any) -> MetricResult:
+        async with turns.get(id(metric)) or contextlib.nullcontext():
+            async with slots:
+                return await _judge_one(metric, case)
+
+    entered = _override_verbose(metric_list, verbose)
     try:
-        judged = await _evaluate_all(cases, [_Adapter(m) for m in metric_list], max_concurrency=max_concurrency)
+        flat = await asyncio.gather(*(run(metric, case) for case in cases for metric in metric_list))
     finally:
-        _restore_verbose(saved)
+        _restore_verbose(entered)
+    width = len(metric_list)
     results: list[tuple[None, list[ConversationalTestCaseResult]]] = []
-    for case, conversation in zip(cases, judged, strict=True):
-        rows = [_row(metric, outcome) for metric, outcome in zip(metric_list, conversation.metrics, strict=True)]
+    for index, case in enumerate(cases):
+        rows = list(flat[index * width : (index + 1) * width])
         result = ConversationalTestCaseResult(
             dialogue=_dialogue(case),
             success=all(row.success for row in rows),

@@ -10,7 +10,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -161,7 +160,8 @@ async def test_threshold_and_model_are_read_when_judging(judge_server: JudgeServ
     metric = fast(ConversationalFlowRateMetric)
     assert (await metric.evaluate(CASE))["success"] is True
     metric.threshold = 0.8
-    assert (await metric.evaluate(CASE))["success"] is False
+    stricter = await metric.evaluate(CASE)
+    assert stricter["success"] is False and stricter["evaluation_log"]["judge"]["threshold"] == 0.8
     client = Scripted((answer("fully"), 0.001))
     metric.model = client
     assert (await metric.evaluate(CASE))["score"] == 1.0 and client.calls == 1
@@ -397,23 +397,115 @@ async def test_judgements_run_concurrently_across_conversations_and_metrics(judg
         reply.delay_s = 0.3
         return reply
 
-    metrics = [fast(FailureRateMetric), fast(ConversationalFlowRateMetric)]
-    await evaluate_conversations([CASE], metrics, verbose=False)  # warm-up: LiteLLM's first import is not timed
     judge_server.responder = slow
-    judge_server.max_in_flight = 0
+    metrics = [fast(FailureRateMetric), fast(ConversationalFlowRateMetric)]
     cases = [ConversationalEvalTestCase(turns=[EvalTestCase(input=f"q{i}", actual_output="a")]) for i in range(6)]
-    started = time.perf_counter()
     results = await evaluate_conversations(cases, metrics, verbose=False)
-    elapsed = time.perf_counter() - started
     assert all(result.success for _, [result] in results)
-    assert judge_server.max_in_flight >= 6 and elapsed < 12 * 0.3 / 2, elapsed
+    assert judge_server.max_in_flight >= 6  # one after another (eval_lib) would never exceed 1
 
 
-async def test_a_shared_metric_object_is_safe_under_concurrency(judge_server: JudgeServer) -> None:
-    judge_server.default = verdict("not_applicable")
-    metric = fast(FailureRateMetric)
-    results = await asyncio.gather(*(metric.evaluate(CASE) for _ in range(8)))
-    assert [r["score"] for r in results] == [1.0] * 8
+class ByConversation(CustomLLMClient):
+    """Answers each conversation with its own label (named in its first question), after a pause, so calls overlap."""
+
+    def __init__(self) -> None:
+        self.in_flight = 0
+        self.max_in_flight = 0
+
+    async def chat_complete(self, messages: list[dict[str, str]], temperature: float) -> tuple[str, float | None]:
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        await asyncio.sleep(0.02)
+        self.in_flight -= 1
+        label = re.search(r"label-(\w+)", messages[-1]["content"]).group(1)
+        return answer(label, reason=f"for {label}"), 0.001
+
+    def get_model_name(self) -> str:
+        return "by-conversation"
+
+
+LABELS = ["hallucination", "stall", "mixed", "honest_fallback", "alternative_proposed", "not_applicable"]
+
+
+def labelled(label: str) -> ConversationalEvalTestCase:
+    return ConversationalEvalTestCase(
+        turns=[EvalTestCase(input=f"label-{label}", actual_output="a")], chatbot_role=f"role-{label}"
+    )
+
+
+async def test_a_shared_metric_object_keeps_each_conversation_apart() -> None:
+    client = ByConversation()
+    metric = FailureRateMetric(model=client)
+    alone = await asyncio.gather(*(metric.evaluate(labelled(label)) for label in LABELS))
+    assert [(r["score"], r["reason"]) for r in alone] == [(FAILURE_RATE_WEIGHTS[x], f"for {x}") for x in LABELS]
+    assert [r["evaluation_log"]["dialogue"] for r in alone] == [f"1. User: label-{x}\n   Assistant: a" for x in LABELS]
+    results = await evaluate_conversations([labelled(label) for label in LABELS], [metric], verbose=False)
+    assert [result.metrics_data[0].score for _, [result] in results] == [FAILURE_RATE_WEIGHTS[x] for x in LABELS]
+    assert client.max_in_flight == len(LABELS)
+
+
+async def test_anyone_elses_metric_is_called_one_conversation_at_a_time_while_ours_overlap() -> None:
+    """eval_lib calls a metric for one conversation after another, and metrics rely on it (its ToolCorrectnessMetric
+    keeps the case's tools on `self`). Such a metric must not see another conversation's state."""
+
+    class KeepsState(ConversationalMetricPattern):
+        name = "keepsState"
+
+        def __init__(self) -> None:
+            super().__init__(model="m", threshold=0.5)
+            self.in_flight = self.max_in_flight = 0
+            self.order: list[str | None] = []
+
+        async def evaluate(self, case: Any) -> dict[str, Any]:
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+            self.chatbot_role = case.chatbot_role
+            self.order.append(case.chatbot_role)
+            await asyncio.sleep(0.01)
+            self.in_flight -= 1
+            return {"score": 1.0, "success": True, "reason": self.chatbot_role}
+
+    client = ByConversation()
+    mine = KeepsState()
+    cases = [labelled(label) for label in LABELS]
+    results = await evaluate_conversations(cases, [FailureRateMetric(model=client), mine], verbose=False)
+    assert [result.metrics_data[1].reason for _, [result] in results] == [f"role-{x}" for x in LABELS]
+    assert mine.order == [f"role-{x}" for x in LABELS] and mine.max_in_flight == 1
+    assert client.max_in_flight == len(LABELS)  # our judge still ran every conversation at once
+
+
+async def test_overlapping_batches_give_a_shared_metric_its_own_verbose_back() -> None:
+    metric = Foreign()
+    await asyncio.gather(
+        evaluate_conversations([CASE, CASE], [metric], verbose=False),
+        evaluate_conversations([CASE], [metric], verbose=False),
+    )
+    assert metric.verbose == "own" and set(metric.seen_verbose) == {False}
+
+
+async def test_a_foreign_metric_with_broken_attributes_or_result_gives_rows() -> None:
+    class BrokenModel(Foreign):
+        name = "brokenModel"
+
+        @property
+        def model(self) -> Any:
+            raise RuntimeError("no model")
+
+        @model.setter
+        def model(self, value: Any) -> None:
+            pass
+
+    class NoSuccess(Foreign):
+        name = "noSuccess"
+
+        async def evaluate(self, case: Any) -> Any:
+            return {"score": 0.9, "reason": "forgot success"}
+
+    [(_, [result])] = await evaluate_conversations([CASE], [BrokenModel(), NoSuccess()], verbose=False)
+    broken, no_success = result.metrics_data
+    assert (broken.name, broken.score, broken.success, broken.evaluation_model) == ("brokenModel", 0.9, True, None)
+    assert (no_success.score, no_success.success) == (None, False) and "'success'" in no_success.reason
+    assert result.success is False
 
 
 # ---- the done-when: a script written against eval_lib runs with one changed import line ------------------------
