@@ -14,12 +14,15 @@ $(VENV)/.installed: pyproject.toml
 
 install: $(VENV)/.installed
 
-# Prometheus and promtool come from Debian's package; installed only when missing and we are root.
+# Prometheus, promtool, Alertmanager and amtool come from Debian's packages; installed only when missing and we are root.
 prometheus:
-	@if ! command -v promtool >/dev/null 2>&1; then \
+	@missing=""; \
+	command -v promtool >/dev/null 2>&1 || missing="prometheus"; \
+	command -v amtool >/dev/null 2>&1 || missing="$$missing prometheus-alertmanager"; \
+	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ]; then \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null; \
-	  else echo "promtool is missing: run 'apt-get install -y prometheus' as root"; fi; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	  else echo "missing: run 'apt-get install -y $$missing' as root"; fi; \
 	fi
 
 demo: install

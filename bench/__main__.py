@@ -98,6 +98,11 @@ def table(results: dict[str, Any]) -> str:
                         f"{row['cacheable_share']:.0%} static prefix ({row['static_prefix_tokens_per_call']:.0f}/call)",
                     )
                 )
+    cost = results.get("judge_cost")
+    if cost:
+        from bench.judge_cost import table_rows
+
+        rows.extend(table_rows(cost))
     width = [max(len(str(r[i])) for r in rows) for i in range(4)] if rows else [0] * 4
     lines = [" | ".join(str(c).ljust(width[i]) for i, c in enumerate(r)) for r in rows]
     return "\n".join(lines)
@@ -105,15 +110,17 @@ def table(results: dict[str, Any]) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m bench")
-    parser.add_argument("--only", choices=["tracer", "judge", "ingest", "memory", "tokens"], action="append")
+    benches = ["tracer", "judge", "ingest", "memory", "tokens", "cost"]
+    parser.add_argument("--only", choices=benches, action="append", help="run these only; others keep their results")
     parser.add_argument("--quick", action="store_true", help="smaller sizes, three rounds: a smoke run")
     args = parser.parse_args()
     logging.basicConfig(level=logging.CRITICAL)
     for noisy in ("langfuse", "opentelemetry", "kafka", "LiteLLM"):
         logging.getLogger(noisy).setLevel(logging.CRITICAL)
-    only = set(args.only or ["tracer", "judge", "ingest", "memory", "tokens"])
+    only = set(args.only or benches)
     rounds = 3 if args.quick else 5
-    results: dict[str, Any] = {"machine": machine(), "date": datetime.now(UTC).isoformat(timespec="seconds")}
+    results: dict[str, Any] = json.loads(RESULTS.read_text()) if args.only and RESULTS.exists() else {}
+    results.update({"machine": machine(), "date": datetime.now(UTC).isoformat(timespec="seconds")})
     if "tracer" in only:
         from bench import tracer_overhead
 
@@ -134,6 +141,10 @@ def main() -> int:
         from bench import judge_tokens
 
         results["judge_tokens"] = judge_tokens.run()
+    if "cost" in only:
+        from bench import judge_cost
+
+        results["judge_cost"] = judge_cost.run()
     RESULTS.write_text(json.dumps(results, indent=2) + "\n")
     about = results["machine"]
     print(f"machine: {about['cpu']} ({about['cores']} cores), Python {about['python']}")

@@ -52,10 +52,11 @@ def _flatten(request: dict[str, Any]) -> str:
     return "\n".join(str(m.get("content", "")) for m in request.get("messages", []))
 
 
-def run() -> dict[str, Any]:
-    import litellm
+def capture(conversations: list[list[tuple[str, str]]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The requests each library really sends to judge these conversations with both metrics: (ours, theirs).
 
-    from tracejudge.consumer.demo import SCENARIOS
+    Theirs is empty when the seeds' library cannot be installed here.
+    """
     from tracejudge.metrics import (
         ConversationalEvalTestCase,
         ConversationalFlowRateMetric,
@@ -64,7 +65,6 @@ def run() -> dict[str, Any]:
         evaluate_conversations,
     )
 
-    conversations = [list(s.turns) for s in SCENARIOS]
     server = JudgeServer(responder=_answer).start()
     os.environ.update({"OPENAI_BASE_URL": server.base_url, "OPENAI_API_BASE": server.base_url, "OPENAI_API_KEY": "sk"})
     cases = [
@@ -86,6 +86,26 @@ def run() -> dict[str, Any]:
         )
         theirs = list(server.requests)
     server.stop()
+    return ours, theirs
+
+
+def static_prefixes(ours: list[dict[str, Any]], theirs: list[dict[str, Any]]) -> tuple[dict[str, str], dict[str, str]]:
+    """Per metric, the text every request shares from its start: ours is the system message; theirs, whatever their
+    prompts have in common before the conversation."""
+    texts: dict[str, list[str]] = {}
+    for request in theirs:
+        texts.setdefault(_kind(request), []).append(_flatten(request))
+    return {_kind(r): r["messages"][0]["content"] for r in ours}, {k: _common_prefix(t) for k, t in texts.items()}
+
+
+def run() -> dict[str, Any]:
+    import litellm
+
+    from tracejudge.consumer.demo import SCENARIOS
+
+    conversations = [list(s.turns) for s in SCENARIOS]
+    ours, theirs = capture(conversations)
+    our_static, their_static = static_prefixes(ours, theirs)
 
     def summarise(requests: list[dict[str, Any]], static: dict[str, str]) -> dict[str, Any]:
         totals = [litellm.token_counter(model="gpt-4o-mini", messages=r["messages"]) for r in requests]
@@ -101,13 +121,10 @@ def run() -> dict[str, Any]:
     # Ours: the system message is the static prefix. Theirs: whatever their prompts share from the start.
     out: dict[str, Any] = {
         "conversations": len(conversations),
-        "tracejudge": summarise(ours, {_kind(r): r["messages"][0]["content"] for r in ours}),
+        "tracejudge": summarise(ours, our_static),
     }
     if theirs:
-        texts: dict[str, list[str]] = {}
-        for request in theirs:
-            texts.setdefault(_kind(request), []).append(_flatten(request))
-        out["eval-ai-library 0.8.2"] = summarise(theirs, {kind: _common_prefix(t) for kind, t in texts.items()})
+        out["eval-ai-library 0.8.2"] = summarise(theirs, their_static)
     return out
 
 

@@ -6,17 +6,19 @@ The CLI, the demo and the tests all build through here; only the CLI installs si
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client import CollectorRegistry, start_http_server
 
-from tracejudge.metrics import ConversationalFlowRateMetric, CustomLLMClient, FailureRateMetric
-from tracejudge.metrics._judge import HolisticJudgeMetric
-from tracejudge.metrics._transcript import Redactor
+from tracejudge.metrics import ConversationalFlowRateMetric, CustomLLMClient, FailureRateMetric, HolisticJudgeMetric
+from tracejudge.metrics.calibration import load_hallucination_calibration
+from tracejudge.metrics.transcript import Redactor
 from tracejudge.tracer.redact import redact_pii
 
-from .emit._kafka_writer import KafkaWriter
+from .emit import KafkaWriter
 from .emit.otel import EvaluationEmitter
 from .emit.prometheus import ConsumerMetrics
 from .emit.results_topic import ResultsTopic
@@ -97,9 +99,9 @@ class Outputs:
     tracer_provider: Any = None
     logger_provider: Any = None
 
-    def close(self) -> None:
+    def close(self, timeout_s: float = 10.0) -> None:
         if self.results_writer is not None:
-            self.results_writer.close()
+            self.results_writer.close(timeout_s)
         flush_providers(self.tracer_provider, self.logger_provider)
 
 
@@ -109,7 +111,9 @@ def build_outputs(
     tracer_provider: Any = None,
     logger_provider: Any = None,
     service_name: str = "tracejudge-consumer",
+    on_output_error: Callable[[str], None] | None = None,
 ) -> Outputs:
+    """`on_output_error(output)` is called for every failed write (e.g. to count it; the write is retried)."""
     sinks: list[JudgementSink] = []
     if tracer_provider is None and settings.otlp_endpoint:
         tracer_provider, logger_provider = build_otlp_providers(
@@ -120,7 +124,11 @@ def build_outputs(
     results_writer = None
     if settings.results_topic:
         results_writer = KafkaWriter(
-            settings.bootstrap_servers, settings.results_topic, **settings.producer_config()
+            settings.bootstrap_servers,
+            settings.results_topic,
+            durable=True,
+            on_error=(lambda: on_output_error("results_topic")) if on_output_error else None,
+            **settings.producer_config(),
         ).start()
         sinks.append(ResultsTopic(results_writer))
     return Outputs(sinks, results_writer, tracer_provider, logger_provider)
@@ -153,7 +161,8 @@ class App:
         if self._closed:
             return
         self._closed = True
-        self.outputs.close()
+        deadline = self.service.stop_deadline  # what is left of the shutdown grace period, if it started
+        self.outputs.close(10.0 if deadline is None else max(0.5, deadline - time.monotonic()))
         if self.http_server is not None:
             self.http_server.shutdown()
             self.http_server.server_close()
@@ -176,8 +185,14 @@ def build_app(
         max_agents=settings.max_agents,
         window_sessions=settings.window_sessions,
         window_seconds=settings.window_seconds,
+        calibration=load_hallucination_calibration(settings.calibration) if settings.calibration else None,
     )
-    outputs = build_outputs(settings, tracer_provider=tracer_provider, logger_provider=logger_provider)
+    outputs = build_outputs(
+        settings,
+        tracer_provider=tracer_provider,
+        logger_provider=logger_provider,
+        on_output_error=prometheus.record_output_error,
+    )
     sinks = [*(extra_sinks or []), *outputs.sinks]
     service = ConsumerService(settings, build_judges(settings, judge, redactor), prometheus, sinks=sinks)
     http_server = None

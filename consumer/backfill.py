@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from .adapters import extract
-from .cli import EXIT_USAGE
-from .decode import MalformedRecord, decode_record
+from .adapters import extract, trace_contexts
+from .decode import decode_record
+from .flags import EXIT_USAGE
 from .pool import OUTCOME_JUDGED, OUTCOME_SKIPPED_BUDGET, Judgement
 from .results import result_id
 from .sessions import JudgeJob, SessionStore
@@ -27,6 +27,9 @@ from .sessions import JudgeJob, SessionStore
 logger = logging.getLogger("tracejudge.backfill")
 # Timestamps within a partition are only roughly ordered (several producers): read this far past --to.
 LATENESS_MS = 5 * 60_000
+# Empty polls in a row (0.5 s each) after which reading stops; the partitions not read to the end are reported.
+MAX_IDLE_POLLS = 20
+EXIT_INCOMPLETE = 1
 
 
 def parse_time(text: str) -> datetime:
@@ -54,6 +57,9 @@ class BackfillReport:
     partial: int = 0
     still_open: list[str] = field(default_factory=list)
     cost_usd: float = 0.0
+    scanned: int = 0  # records fetched, in the range or not
+    unread_partitions: list[int] = field(default_factory=list)  # not read to the end of the range
+    sink_errors: int = 0
 
 
 def _existing_result_ids(consumer_factory: Any, bootstrap: str, topic: str, config: dict[str, Any]) -> set[str]:
@@ -95,23 +101,32 @@ def _existing_result_ids(consumer_factory: Any, bootstrap: str, topic: str, conf
 def read_range(
     consumer: Any, topic: str, start_ms: int, end_ms: int, store: SessionStore, report: BackfillReport
 ) -> dict[str, int]:
-    """Fold every record with a timestamp in [start, end) into the store; returns each conversation's last ms."""
+    """Fold every record with a timestamp in [start, end) into the store; returns each conversation's last ms.
+
+    Partitions that could not be read to the end of the range (the reading stopped after MAX_IDLE_POLLS empty polls)
+    are listed in `report.unread_partitions`.
+    """
     from kafka import TopicPartition
 
     partitions = sorted(consumer.partitions_for_topic(topic) or set())
     assigned = [TopicPartition(topic, p) for p in partitions]
     consumer.assign(assigned)
+    done: set[int] = set()
     try:
         starts = consumer.offsets_for_times({tp: start_ms for tp in assigned})
     except Exception:  # brokers without time index support: scan from the beginning and filter by timestamp
-        starts = {}
+        starts = None
     for tp in assigned:
-        found = starts.get(tp)
+        found = starts.get(tp) if starts is not None else None
+        if found is not None and found.timestamp is not None and found.timestamp < 0:
+            found = None  # "no such record" as some brokers say it (an offset without a timestamp)
         if found is not None:
             consumer.seek(tp, found.offset)
+        elif starts is not None:  # no record at or after --from: nothing to read in this partition
+            done.add(tp.partition)
+            consumer.pause(tp)
         else:
             consumer.seek_to_beginning(tp)
-    done: set[int] = set()
     last_seen: dict[str, int] = {}
     idle_polls = 0
     while len(done) < len(assigned):
@@ -122,12 +137,19 @@ def read_range(
                 highwater = consumer.highwater(tp)
                 if highwater is not None and consumer.position(tp) >= highwater:
                     done.add(tp.partition)
-            if idle_polls >= 20:
+            if idle_polls >= MAX_IDLE_POLLS and len(done) < len(assigned):
+                report.unread_partitions = sorted(tp.partition for tp in assigned if tp.partition not in done)
+                logger.warning(
+                    "stopped after %d empty polls: partitions %s were not read to the end of the range",
+                    idle_polls,
+                    report.unread_partitions,
+                )
                 break
             continue
         idle_polls = 0
         for tp, records in batches.items():
             for record in records:
+                report.scanned += 1
                 if record.timestamp >= end_ms + LATENESS_MS:
                     done.add(tp.partition)
                     consumer.pause(tp)
@@ -135,23 +157,22 @@ def read_range(
                 if not start_ms <= record.timestamp < end_ms:
                     continue
                 report.records += 1
-                try:
+                try:  # nothing a record contains may stop the backfill: any exception makes it malformed
                     spans = decode_record(record.value)
-                except MalformedRecord:
+                    traces = trace_contexts(spans)
+                    events = [e for e in (extract(span, traces) for span in spans) if e is not None]
+                    for event in events:
+                        store.apply(event, tp.partition, record.offset, record.timestamp / 1000)
+                        last_seen[event.conversation_id] = record.timestamp
+                except Exception:
                     report.malformed += 1
-                    continue
-                for span in spans:
-                    event = extract(span)
-                    if event is None:
-                        continue
-                    store.apply(event, tp.partition, record.offset, record.timestamp / 1000)
-                    last_seen[event.conversation_id] = record.timestamp
     return last_seen
 
 
 def run_backfill(namespace: argparse.Namespace) -> int:
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-    from .cli import configure_logging, settings_from_args
+    from ._logging import configure_logging
+    from .flags import settings_from_args
 
     try:
         start, end = parse_time(namespace.start), parse_time(namespace.end)
@@ -232,10 +253,17 @@ def run_backfill(namespace: argparse.Namespace) -> int:
     finished: list[Judgement] = []
 
     def done(judgement: Judgement) -> None:
-        prometheus.record_judgement(judgement)
-        for sink in outputs.sinks:
-            sink.emit(judgement)
-        finished.append(judgement)
+        """Always counts the judgement as finished: a sink that raises must not leave the wait below hanging."""
+        try:
+            prometheus.record_judgement(judgement)
+            for sink in outputs.sinks:
+                try:
+                    sink.emit(judgement)
+                except Exception:
+                    report.sink_errors += 1
+                    logger.exception("a result sink failed for conversation %s", judgement.job.conversation_id)
+        finally:
+            finished.append(judgement)
 
     pool = JudgePool(
         build_judges(settings),
@@ -255,7 +283,7 @@ def run_backfill(namespace: argparse.Namespace) -> int:
         task = progress.add_task("backfill: judging", total=len(selected), cost=0.0)
         for job in selected:
             pool.submit(job)
-        while len(finished) < len(selected):
+        while len(finished) < len(selected) and pool.pending:  # pending counts down even if a callback fails
             cost = sum(r.cost_usd or 0 for j in list(finished) for r in j.results)
             progress.update(task, completed=len(finished), cost=cost)
             time.sleep(0.1)
@@ -291,8 +319,15 @@ def run_backfill(namespace: argparse.Namespace) -> int:
     console.print(f"judge cost: ${report.cost_usd:.4f}")
     if report.still_open:
         console.print("still open at --to: " + ", ".join(sorted(report.still_open)[:20]))
+    if report.sink_errors:
+        console.print(f"result sinks failed {report.sink_errors} times (see the log)")
+    if report.unread_partitions:
+        console.print(
+            f"INCOMPLETE: partitions {report.unread_partitions} of {settings.topic!r} were not read to the end of the "
+            f"range (no data after {MAX_IDLE_POLLS} empty polls); exit {EXIT_INCOMPLETE}"
+        )
     summary_path = os.environ.get("TRACEJUDGE_BACKFILL_SUMMARY")
     if summary_path:
         with open(summary_path, "w", encoding="utf-8") as handle:
             json.dump(report.__dict__ | {"judged_ids": sorted(j.job.conversation_id for j in finished)}, handle)
-    return 0
+    return EXIT_INCOMPLETE if report.unread_partitions else 0

@@ -32,6 +32,15 @@ class DecodedSpan:
     attributes: dict[str, Any]
     is_error: bool = False
     resource: dict[str, Any] = field(default_factory=dict)
+    events: list[SpanEvent] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class SpanEvent:
+    """A span event: some instrumentations put message content here instead of in span attributes."""
+
+    name: str
+    attributes: dict[str, Any]
 
 
 def _any_value(value: AnyValue) -> Any:
@@ -70,6 +79,7 @@ def _decode_protobuf(value: bytes) -> list[DecodedSpan]:
                         attributes=_attributes(span.attributes),
                         is_error=span.status.code == _STATUS_ERROR,
                         resource=resource,
+                        events=[SpanEvent(e.name, _attributes(e.attributes)) for e in span.events],
                     )
                 )
     return spans
@@ -130,6 +140,11 @@ def _decode_json(value: bytes) -> list[DecodedSpan]:
                             attributes=_json_attributes(span.get("attributes")),
                             is_error=code in (2, "STATUS_CODE_ERROR"),
                             resource=resource,
+                            events=[
+                                SpanEvent(str(e.get("name", "")), _json_attributes(e.get("attributes")))
+                                for e in span.get("events") or []
+                                if isinstance(e, dict)
+                            ],
                         )
                     )
         return spans

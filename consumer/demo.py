@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from tracejudge.metrics import CustomLLMClient
-from tracejudge.metrics._transcript import END, START
 from tracejudge.metrics.conversational_flow import CONVERSATIONAL_FLOW_SYSTEM_PROMPT
+from tracejudge.metrics.transcript import END, START
 
 SCRIPTED_NOTICE = "scripted judge (offline demo): verdicts are the scenario labels, not an LLM's"
 
@@ -261,9 +261,10 @@ def run_demo(namespace: argparse.Namespace) -> int:
 
     from tracejudge.tracer import setup_tracing
 
+    from ._logging import configure_logging
     from .app import build_app
-    from .cli import configure_logging, settings_from_args
     from .embedded_broker import EmbeddedBroker
+    from .flags import settings_from_args
 
     console = Console()
     configure_logging("WARNING")
@@ -370,7 +371,7 @@ def run_demo(namespace: argparse.Namespace) -> int:
 
 
 def given_kafka_config(namespace: argparse.Namespace) -> dict[str, Any]:
-    from .cli import settings_from_args
+    from .flags import settings_from_args
 
     return settings_from_args(namespace).kafka_config
 

@@ -14,8 +14,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from tracejudge.metrics import ConversationalEvalTestCase, EvalTestCase, MetricResult
-from tracejudge.metrics._judge import HolisticJudgeMetric
+from tracejudge.metrics import ConversationalEvalTestCase, EvalTestCase, HolisticJudgeMetric, MetricResult
 
 from .sessions import JudgeJob
 
@@ -58,28 +57,68 @@ class TokenBucket:
 
 
 class SpendWindow:
-    """Judge spend over the last hour; the budget refills as old spend slides out of the window."""
+    """Judge spend over the last hour, plus calls in flight; the budget refills as old spend slides out.
 
-    def __init__(self, max_per_hour: float | None, window_s: float = 3600.0) -> None:
+    The budget is decided when a call is about to be made: `reserve()` admits it only if what was spent, plus an
+    estimate for every call in flight, plus an estimate for this call stays within the budget; `settle()` replaces the
+    estimate with the real cost. The estimate is the mean cost of the last settled calls that cost something (a failed
+    call's zero would lower it); before any call settled it is unknown (zero), so the overshoot is at most the calls
+    in flight at that moment.
+    """
+
+    def __init__(self, max_per_hour: float | None, window_s: float = 3600.0, *, sample: int = 64) -> None:
         self.max_per_hour = max_per_hour
         self.window_s = window_s
         self._entries: deque[tuple[float, float]] = deque()
         self._total = 0.0
+        self._recent: deque[float] = deque(maxlen=sample)
+        self._in_flight = 0
+        self.refused = 0
         self._lock = threading.Lock()
 
     def record(self, cost: float) -> None:
-        if cost <= 0:
-            return
         with self._lock:
+            self._record(cost)
+
+    def _record(self, cost: float) -> None:
+        if cost > 0:
             self._entries.append((time.monotonic(), cost))
             self._total += cost
 
+    def _spent(self) -> float:
+        cutoff = time.monotonic() - self.window_s
+        while self._entries and self._entries[0][0] < cutoff:
+            self._total -= self._entries.popleft()[1]
+        return max(0.0, self._total)
+
     def spent(self) -> float:
         with self._lock:
-            cutoff = time.monotonic() - self.window_s
-            while self._entries and self._entries[0][0] < cutoff:
-                self._total -= self._entries.popleft()[1]
-            return max(0.0, self._total)
+            return self._spent()
+
+    @property
+    def estimate(self) -> float:
+        """The expected cost of the next call: the mean of recent calls that cost something (0 before any)."""
+        with self._lock:
+            return sum(self._recent) / len(self._recent) if self._recent else 0.0
+
+    def reserve(self, *, force: bool = False) -> bool:
+        """Admit one call now (True) or refuse it for budget (False); `force` admits it anyway (still counted)."""
+        with self._lock:
+            estimate = sum(self._recent) / len(self._recent) if self._recent else 0.0
+            committed = self._spent() + self._in_flight * estimate
+            if not force and self.max_per_hour is not None and committed + estimate > self.max_per_hour:
+                self.refused += 1
+                return False
+            self._in_flight += 1
+            return True
+
+    def settle(self, cost: float | None) -> None:
+        """A reserved call is over: its real cost replaces its estimate (None: no cost known, e.g. cancelled)."""
+        with self._lock:
+            self._in_flight = max(0, self._in_flight - 1)
+            if cost is not None and cost > 0:  # a call that cost nothing (failed) says nothing about the next one
+                self._recent.append(cost)
+                self._record(cost)
 
     @property
     def exhausted(self) -> bool:
@@ -140,35 +179,49 @@ class JudgePool:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _evaluate(self, metric: HolisticJudgeMetric, case: ConversationalEvalTestCase) -> MetricResult:
+    async def _evaluate(
+        self, metric: HolisticJudgeMetric, case: ConversationalEvalTestCase, *, force: bool
+    ) -> MetricResult | None:
+        """One judge call, or None when the budget refuses it: decided here, after the concurrency slot and the
+        rate limit, so every call already in flight is counted (a burst cannot all pass an earlier check)."""
         assert self._slots is not None
         async with self._slots:
             await self.bucket.acquire()
+            if not self.budget.reserve(force=force):
+                return None
             self.in_flight += 1
+            cost: float | None = None
             try:
                 result = await metric.evaluate(case)
+                cost = result.cost_usd or 0.0
             finally:
                 self.in_flight -= 1
-        if result.cost_usd:
-            self.budget.record(result.cost_usd)
+                self.budget.settle(cost)
         if self.on_call is not None:
             self.on_call(metric.name, result.error is None)
         return result
 
     async def _judge(self, job: JudgeJob) -> None:
         try:
-            if self.budget.exhausted:
-                judgement = Judgement(job, OUTCOME_SKIPPED_BUDGET)
-            else:
+            try:
                 case = ConversationalEvalTestCase(
                     name=job.conversation_id,
                     turns=[
                         EvalTestCase(input=t.input or "", actual_output=t.output or "") for t in job.judgeable_turns
                     ],
                 )
-                results = list(await asyncio.gather(*(self._evaluate(m, case) for m in self.metrics)))
-                outcome = OUTCOME_JUDGED if all(r.error is None for r in results) else OUTCOME_FAILED
+                # Negative feedback is judged whatever the budget (as whatever the sample rate); its cost still counts.
+                force = job.negative_feedback
+                calls = await asyncio.gather(*(self._evaluate(m, case, force=force) for m in self.metrics))
+                results = [r for r in calls if r is not None]
+                if len(results) < len(calls):
+                    outcome = OUTCOME_SKIPPED_BUDGET  # the results of calls made before the budget ran out are kept
+                else:
+                    outcome = OUTCOME_JUDGED if all(r.error is None for r in results) else OUTCOME_FAILED
                 judgement = Judgement(job, outcome, results)
+            except Exception:  # a job that never finishes would hold its partition's offset forever
+                logger.exception("judging conversation %s failed", job.conversation_id)
+                judgement = Judgement(job, OUTCOME_FAILED)
             try:
                 self.on_done(judgement)
             except Exception:

@@ -17,10 +17,14 @@ def result_id(conversation_id: str, metric: str, version: int) -> str:
     return hashlib.sha256(material).hexdigest()[:32]
 
 
+_MAX_NS = int(datetime(9999, 12, 31, tzinfo=UTC).timestamp()) * 10**9
+
+
 def _iso(ns: int) -> str | None:
-    if ns <= 0:
+    """A span's own timestamp, clamped: a record may claim any number (a huge one must not raise)."""
+    if not isinstance(ns, int) or ns <= 0:
         return None
-    return datetime.fromtimestamp(ns / 1e9, tz=UTC).isoformat()
+    return datetime.fromtimestamp(min(ns, _MAX_NS) / 1e9, tz=UTC).isoformat()
 
 
 def result_record(judgement: Judgement, result: MetricResult) -> dict[str, Any]:
@@ -41,10 +45,12 @@ def result_record(judgement: Judgement, result: MetricResult) -> dict[str, Any]:
         "reason": result.reason,
         "evidence": result.evidence,
         "model": result.model,
+        "rubric_version": result.rubric_version,
         "cost_usd": result.cost_usd,
         "input_tokens": result.input_tokens,
         "output_tokens": result.output_tokens,
         "cached_input_tokens": result.cached_input_tokens,
+        "cache_write_input_tokens": result.cache_write_input_tokens,
         "latency_s": round(result.latency_s, 4),
         "attempts": result.attempts,
         "error": result.error,

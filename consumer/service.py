@@ -1,6 +1,7 @@
 """The consumer service: poll → decode → adapt → assemble → complete → sample → judge (async) → emit → commit.
 
-Only this module's poll thread touches the Kafka consumer (kafka-python's consumer is not thread-safe). Judgements
+Only this module's poll thread touches the Kafka consumer (kafka-python's consumer is not thread-safe), and the
+rebalance listener, which kafka-python runs on its IO thread while the poll thread waits in `poll()`. Judgements
 finish on the pool's thread, emit there, then come back through a queue so the poll thread can release their
 offset holds and commit.
 """
@@ -14,15 +15,15 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from kafka import ConsumerRebalanceListener, KafkaConsumer, TopicPartition
+from kafka import AsyncConsumerRebalanceListener, KafkaConsumer, TopicPartition
 from kafka.structs import OffsetAndMetadata
 
-from tracejudge.metrics._judge import HolisticJudgeMetric
-from tracejudge.tracer._internal import RateLimitedLog
+from tracejudge.metrics import HolisticJudgeMetric
+from tracejudge.tracer.rate_limited_log import RateLimitedLog
 
-from .adapters import ConversationEvent, extract
+from .adapters import ConversationEvent, extract, trace_contexts
 from .decode import MalformedRecord, decode_record
-from .emit._kafka_writer import KafkaWriter
+from .emit import KafkaWriter
 from .emit.prometheus import ConsumerMetrics
 from .feedback import FeedbackJoiner
 from .offsets import OffsetTracker
@@ -32,6 +33,7 @@ from .sessions import SessionStore
 from .settings import Settings
 
 logger = logging.getLogger("tracejudge.consumer")
+LAG_INTERVAL_S = 0.2  # one poll's timeout: lag is never staler than a poll
 
 
 class JudgementSink(Protocol):
@@ -40,15 +42,28 @@ class JudgementSink(Protocol):
     def emit(self, judgement: Judgement) -> Any: ...
 
 
-class _Rebalance(ConsumerRebalanceListener):
+class _Rebalance(AsyncConsumerRebalanceListener):
+    """kafka-python 3 runs these on its IO thread while the poll thread waits inside `consumer.poll()` or
+    `consumer.close()` (so they never race the poll loop), and there a blocking consumer call raises RuntimeError:
+    hence async, with the revocation commit awaited (`commit_async`) instead of a blocking `commit()`."""
+
     def __init__(self, service: ConsumerService) -> None:
         self.service = service
 
-    def on_partitions_revoked(self, revoked: Any) -> None:
-        self.service._on_revoked({tp.partition for tp in revoked if tp.topic == self.service.settings.topic})
+    def _mine(self, partitions: Any) -> set[int]:
+        return {tp.partition for tp in partitions if tp.topic == self.service.settings.topic}
 
-    def on_partitions_assigned(self, assigned: Any) -> None:
+    async def on_partitions_revoked(self, revoked: Any) -> None:
+        await self.service._on_revoked(self._mine(revoked), commit=True)
+
+    async def on_partitions_lost(self, lost: Any) -> None:
+        await self.service._on_revoked(self._mine(lost), commit=False)  # evicted: a commit would be refused
+
+    async def on_partitions_assigned(self, assigned: Any) -> None:
         logger.info("partitions assigned: %s", sorted(tp.partition for tp in assigned))
+        consumer = self.service._consumer
+        if self.service._paused and consumer is not None and assigned:
+            consumer.pause(*assigned)  # backpressure holds across a rebalance: new partitions start paused
 
 
 class ConsumerService:
@@ -81,6 +96,7 @@ class ConsumerService:
             max_requests_per_minute=settings.max_requests_per_minute,
             max_cost_per_hour=settings.max_cost_per_hour,
         )
+        prometheus.record_judges(self.pool.metrics)  # tracejudge_judge_info: whoever builds the service
         self.max_pending = settings.max_concurrency * 4 + 1_000
         self._done: queue.SimpleQueue[tuple[Judgement, list[threading.Event]]] = queue.SimpleQueue()
         self._awaiting_delivery: list[tuple[Judgement, list[threading.Event]]] = []
@@ -90,6 +106,8 @@ class ConsumerService:
         self._dead_letter: KafkaWriter | None = None
         self._paused = False
         self._committed: dict[int, int] = {}
+        self._lag_reported: set[int] = set()
+        self.stop_deadline: float | None = None  # set when the shutdown starts: the end of the grace period
         self._malformed_log = RateLimitedLog(logger, interval_s=10.0)
         self.ready = threading.Event()
         self.judgements = 0
@@ -115,7 +133,10 @@ class ConsumerService:
         self._consumer.subscribe([settings.topic], listener=_Rebalance(self))
         if settings.dead_letter_topic:
             self._dead_letter = KafkaWriter(
-                settings.bootstrap_servers, settings.dead_letter_topic, **settings.producer_config()
+                settings.bootstrap_servers,
+                settings.dead_letter_topic,
+                on_error=lambda: self.prometheus.record_output_error("dead_letter"),
+                **settings.producer_config(),
             ).start()
         self.pool.start()
         self.ready.set()
@@ -135,7 +156,7 @@ class ConsumerService:
                 if now - last_commit >= settings.commit_interval:
                     self._commit()
                     last_commit = now
-                if now - last_lag >= 2.0:
+                if now - last_lag >= LAG_INTERVAL_S:
                     self._update_gauges(lag=True)
                     last_lag = now
                 else:
@@ -144,13 +165,16 @@ class ConsumerService:
             self._shutdown()
 
     def _shutdown(self) -> None:
+        """Everything within `--shutdown-grace`: judgements in flight, then results still unwritten (an output that
+        keeps failing retries forever; what it has not written by the deadline stays uncommitted)."""
+        grace_end = self.stop_deadline = time.monotonic() + self.settings.shutdown_grace
         finished = self.pool.stop(self.settings.shutdown_grace)
         if not finished:
             logger.warning(
                 "judgements still running after the %.0fs grace period are left uncommitted",
                 self.settings.shutdown_grace,
             )
-        deadline = time.monotonic() + 10.0
+        deadline = max(grace_end, time.monotonic() + 0.5)  # results just emitted get a moment to land
         self._drain_done()
         while self._awaiting_delivery and time.monotonic() < deadline:
             time.sleep(0.02)
@@ -165,7 +189,7 @@ class ConsumerService:
             except Exception as exc:
                 logger.warning("closing the consumer: %r", exc)
         if self._dead_letter is not None:
-            self._dead_letter.close()
+            self._dead_letter.close(max(0.5, grace_end - time.monotonic()))
         logger.info("stopped: %d conversations judged in this run", self.judgements)
 
     # -- the poll thread -------------------------------------------------------------------------------------------
@@ -180,15 +204,22 @@ class ConsumerService:
             self.offsets.consumed(tp.partition, records[-1].offset + 1)
 
     def _ingest(self, partition: int, record: Any, now: float) -> None:
+        """One record in. Nothing it contains may stop the consumer: any exception while decoding it makes it a
+        malformed record (counted, dead-lettered); a span that fails to adapt or fold in does too, after the
+        record's other spans went in."""
         try:
             spans = decode_record(record.value, max_bytes=self.settings.max_record_bytes)
+            traces = trace_contexts(spans)  # a span without an id goes with the conversation its trace names
         except MalformedRecord as exc:
             self._malformed(record, str(exc))
             return
-        self.prometheus.record_records("ok")
+        except Exception as exc:  # RecursionError (deep nesting), OverflowError, TypeError, ...
+            self._malformed(record, f"undecodable: {exc!r}"[:300])
+            return
+        failure: Exception | None = None
         for span in spans:
             try:
-                event = extract(span)
+                event = extract(span, traces)
                 if event is None:
                     continue
                 if event.feedback is not None:
@@ -197,7 +228,11 @@ class ConsumerService:
                 if hold is not None:
                     self.offsets.hold(hold, partition, record.offset)
             except Exception as exc:  # one bad span never costs the rest of the record
-                self._malformed_log.warning("skipped a span at %s:%d: %r", partition, record.offset, exc)
+                failure = failure or exc
+        if failure is None:
+            self.prometheus.record_records("ok")
+        else:
+            self._malformed(record, f"a span could not be read: {failure!r}"[:300])
 
     def _feedback(self, event: ConversationEvent, now: float) -> None:
         assert event.feedback is not None
@@ -220,7 +255,10 @@ class ConsumerService:
             self._dead_letter.write(record.key, record.value or b"", headers)
 
     def _dispatch_ready(self) -> None:
-        for job in self.store.take_ready():
+        jobs = self.store.take_ready()
+        for key in self.store.take_unreadable():
+            self.offsets.release(key)
+        for job in jobs:
             if self.sampler.should_judge(job):
                 self.pool.submit(job)
             else:
@@ -243,14 +281,21 @@ class ConsumerService:
         self._awaiting_delivery = waiting
 
     def _finish(self, judgement: Judgement) -> None:
-        self.store.finished(judgement.job, judged=judgement.outcome in (OUTCOME_JUDGED, OUTCOME_FAILED))
-        self.offsets.release(judgement.job.key)
+        job = judgement.job
+        again = self.store.finished(job, judged=judgement.outcome in (OUTCOME_JUDGED, OUTCOME_FAILED))
+        if again is not None and again.hold_offset is not None:  # late negative feedback: judged now, still held
+            self.offsets.hold(again.key, again.partition, again.hold_offset)
+        self.offsets.release(job.key)
 
     def _backpressure(self) -> None:
         assert self._consumer is not None
-        full = self.store.over_capacity or self.pool.pending >= self.max_pending
+        waiting = self.pool.pending + len(self._awaiting_delivery)  # results not yet written count too
+        full = self.store.over_capacity or waiting >= self.max_pending
+        if full:
+            unpaused = self._consumer.assignment() - self._consumer.paused()
+            if unpaused:
+                self._consumer.pause(*unpaused)
         if full and not self._paused:
-            self._consumer.pause(*self._consumer.assignment())
             self._paused = True
             logger.warning(
                 "backpressure: pausing partitions (%d open conversations, %d judgements pending)",
@@ -262,17 +307,21 @@ class ConsumerService:
             self._paused = False
             logger.info("backpressure released: resuming partitions")
 
-    def _commit(self, partitions: set[int] | None = None) -> None:
-        if self._consumer is None:
-            return
+    def _to_commit(self, partitions: set[int] | None = None) -> dict[TopicPartition, OffsetAndMetadata]:
+        assert self._consumer is not None
         assigned = {tp.partition for tp in self._consumer.assignment()}
-        offsets = {
+        return {
             TopicPartition(self.settings.topic, partition): OffsetAndMetadata(offset, "", -1)
             for partition, offset in self.offsets.committable().items()
             if partition in assigned
             and (partitions is None or partition in partitions)
             and self._committed.get(partition) != offset
         }
+
+    def _commit(self) -> None:
+        if self._consumer is None:
+            return
+        offsets = self._to_commit()
         if not offsets:
             return
         try:
@@ -283,16 +332,24 @@ class ConsumerService:
         for tp, meta in offsets.items():
             self._committed[tp.partition] = meta.offset
 
-    def _on_revoked(self, partitions: set[int]) -> None:
-        if not partitions:
+    async def _on_revoked(self, partitions: set[int], *, commit: bool) -> None:
+        """On kafka-python's IO thread, the poll thread waiting (see `_Rebalance`): commit what the revoked
+        partitions finished, then forget them."""
+        if not partitions or self._consumer is None:
             return
         self._drain_done()
-        self._commit(partitions)
+        offsets = self._to_commit(partitions) if commit else {}
+        if offsets:
+            try:
+                await self._consumer.commit_async(offsets)
+            except Exception as exc:
+                logger.warning("commit on revocation failed (the new owner re-reads from the last commit): %r", exc)
         for key in self.store.drop_partitions(partitions):
             self.offsets.release(key)
         self.offsets.forget_partitions(partitions)
         for partition in partitions:
             self._committed.pop(partition, None)
+        self.prometheus.forget_partitions(partitions)
         logger.info("partitions revoked: %s (their open conversations are left to the new owner)", sorted(partitions))
 
     def _update_gauges(self, *, lag: bool) -> None:
@@ -300,14 +357,22 @@ class ConsumerService:
         self.prometheus.in_flight.set(self.pool.in_flight)
         if not lag or self._consumer is None:
             return
-        positions = self.offsets.positions()
-        for tp in self._consumer.assignment():
+        assignment = self._consumer.assignment()
+        # Series of partitions no longer assigned go (also those re-set while a revocation was under way).
+        self.prometheus.forget_partitions(self._lag_reported - {tp.partition for tp in assignment})
+        self._lag_reported = {tp.partition for tp in assignment}
+        for tp in assignment:
+            # Lag is the high watermark minus the consumer's position (both known once a fetch answered): a quiet
+            # partition with nothing consumed since assignment is 0 behind, not its whole log.
             highwater = self._consumer.highwater(tp)
             if highwater is None:
                 continue
-            consumed = positions.get(tp.partition)
-            behind = highwater - (consumed if consumed is not None else 0)
-            self.prometheus.lag.labels(partition=str(tp.partition)).set(max(0, behind))
+            try:
+                position = self._consumer.position(tp, timeout_ms=0)
+            except Exception:  # revoked meanwhile, or no position yet
+                continue
+            if position is not None:
+                self.prometheus.set_lag(tp.partition, highwater - position)
 
     # -- the pool thread -------------------------------------------------------------------------------------------
 

@@ -1,17 +1,29 @@
 """Conversation assembly: turns by conversation id, de-duplicated, completed by end marker, idle timeout or cap.
 
 Only the poll thread touches a SessionStore; the judge pool gets immutable JudgeJob snapshots.
+
+A conversation's lifecycle: open → completing (in `ready`, not yet dispatched) → judging (dispatched: being judged,
+sampled out or skipped for budget, its outputs not yet durable) → done (kept in a bounded LRU of `max_done`, with its
+turns). Negative feedback for a conversation that was not judged leads to exactly one judgement in every state:
+open and completing (the snapshot is taken at dispatch, so it carries the feedback), judging (`finished()` re-completes
+a conversation that was not judged), done and not judged (`apply()` re-completes it). A judged conversation is not
+judged again for feedback. Past the LRU (the oldest `max_done` completed conversations), late feedback finds nothing.
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from .adapters import ConversationEvent, Feedback, Turn
+from .exchanges import exchanges
 
+logger = logging.getLogger("tracejudge.consumer.sessions")
 MAX_FIELD_CHARS = 16_000
+MAX_SPANS_PER_TURN = 4  # turn spans kept per turn of the cap (nested spans of one exchange) before it cuts
 _generation = itertools.count(1)
 
 
@@ -57,23 +69,23 @@ class Conversation:
     negative_feedback: bool = False
     judged: bool = False
     feedback: list[Feedback] = field(default_factory=list)
+    agent_named: bool = False
+    next_cap_check: int = 0  # span count at which the turn cap counts exchanges again (see SessionStore)
 
-    def turn_count(self) -> int:
-        indices = [t.index for t in self.turns.values() if t.index is not None]
-        counted = len(self.turns)
-        return max(counted, max(indices) + 1) if indices else counted
+    def turn_count(self, turns: Sequence[Turn] | None = None) -> int:
+        """Real exchanges (nested and duplicate spans are not turns); turn indices cover turns before a restart."""
+        turns = exchanges(self.turns.values()) if turns is None else turns
+        indices = [t.index for t in turns if t.index is not None]
+        return max(len(turns), max(indices) + 1) if indices else len(turns)
 
     def snapshot(self, completed_by: str) -> JudgeJob:
-        ordered = sorted(self.turns.values(), key=lambda t: (t.start_ns, t.index or 0))
-        top_level_ids = {t.span_id for t in ordered}
-        # A turn nested inside another turn of the same conversation (an LLM call inside the agent turn) is not a turn.
-        turns = tuple(t for t in ordered if t.parent_span_id not in top_level_ids) or tuple(ordered)
+        turns = tuple(exchanges(self.turns.values()))  # nesting decided by content: see exchanges.py
         return JudgeJob(
             key=self.key,
             conversation_id=self.id,
             agent=self.agent or "unknown",
             partition=self.partition,
-            version=self.turn_count(),
+            version=self.turn_count(turns),
             turns=turns,
             has_error=any(t.is_error for t in turns),
             negative_feedback=self.negative_feedback,
@@ -93,6 +105,7 @@ class StoreCounts:
     duplicate_spans: int = 0
     truncated_conversations: int = 0
     dropped_empty: int = 0
+    unreadable: int = 0  # conversations whose snapshot raised: dropped, their holds released
 
 
 class SessionStore:
@@ -113,7 +126,8 @@ class SessionStore:
         self.open: OrderedDict[str, Conversation] = OrderedDict()
         self.judging: dict[str, Conversation] = {}
         self.done: OrderedDict[str, Conversation] = OrderedDict()
-        self.ready: list[JudgeJob] = []
+        self._ready: list[tuple[Conversation, str]] = []
+        self._unreadable: list[str] = []
         self.counts = StoreCounts()
 
     def __len__(self) -> int:
@@ -138,20 +152,11 @@ class SessionStore:
                     return None  # an end marker for a conversation already complete
                 self._add_feedback(previous, event.feedback)
                 if not (event.feedback.negative and not previous.judged and self.done.get(cid) is previous):
-                    return None
+                    return None  # judging: `finished()` decides; judged: feedback joins the verdict, no second call
                 # Negative feedback on a conversation that was not judged (sampled out, over budget): judge it now.
-                again = Conversation(
-                    id=cid,
-                    key=f"{cid}#{next(_generation)}",
-                    partition=partition,
-                    agent=previous.agent or event.agent,
-                    last_seen=now,
-                    hold_offset=offset,
-                    turns=dict(previous.turns),
-                    ended=True,
-                    negative_feedback=True,
-                    feedback=list(previous.feedback),
-                )
+                # Its hold is the feedback record: the earlier records may already be committed.
+                again = self._again(previous, partition, offset, now)
+                again.agent = again.agent or event.agent
                 self.done.pop(cid, None)
                 self._complete(again, "negative_feedback")
                 return again.key
@@ -174,8 +179,9 @@ class SessionStore:
         else:
             self.open.move_to_end(cid)
             conversation.last_seen = now
-        if event.agent and not conversation.agent:
-            conversation.agent = event.agent
+        if event.agent and (not conversation.agent or (event.agent_named and not conversation.agent_named)):
+            # A named agent (gen_ai.agent.name, the framework's) beats the service.name a child span fell back to.
+            conversation.agent, conversation.agent_named = event.agent, event.agent_named
         if event.feedback is not None:
             self._add_feedback(conversation, event.feedback)
         if event.turn is not None:
@@ -187,12 +193,28 @@ class SessionStore:
                 conversation.turns[turn.span_id] = turn
         if event.ended:
             conversation.ended = True
-        if conversation.turns and (conversation.ended or len(conversation.turns) >= self.max_turns):
-            if len(conversation.turns) >= self.max_turns and not conversation.ended:
+        if conversation.turns and (conversation.ended or self._at_turn_cap(conversation)):
+            if not conversation.ended:
                 conversation.truncated = True
                 self.counts.truncated_conversations += 1
             self._complete(conversation, "end_marker" if conversation.ended else "turn_cap")
         return new_hold
+
+    def _at_turn_cap(self, conversation: Conversation) -> bool:
+        """The cap counts exchanges, not spans (an agent span around an LLM span is one turn). Counting is not free,
+        so it is redone only once enough spans came to possibly reach the cap (at least an eighth more spans: a
+        stream of spans that add no exchange costs O(log n) counts); past MAX_SPANS_PER_TURN x cap spans, memory wins.
+        """
+        spans = len(conversation.turns)
+        if spans < self.max_turns or spans < conversation.next_cap_check:
+            return False
+        if spans >= self.max_turns * MAX_SPANS_PER_TURN:
+            return True
+        counted = len(exchanges(conversation.turns.values()))
+        if counted >= self.max_turns:
+            return True
+        conversation.next_cap_check = spans + max(self.max_turns - counted, spans // 8)
+        return False
 
     @staticmethod
     def _add_feedback(conversation: Conversation, feedback: Feedback) -> None:
@@ -210,7 +232,7 @@ class SessionStore:
     def _complete(self, conversation: Conversation, completed_by: str) -> None:
         self.open.pop(conversation.id, None)
         self.judging[conversation.id] = conversation
-        self.ready.append(conversation.snapshot(completed_by))
+        self._ready.append((conversation, completed_by))
 
     def expire_idle(self, now: float) -> list[str]:
         """Complete conversations idle past the timeout; returns keys of empty ones dropped (release their holds)."""
@@ -228,27 +250,82 @@ class SessionStore:
         return released
 
     def take_ready(self) -> list[JudgeJob]:
-        ready, self.ready = self.ready, []
-        return ready
+        """Snapshots of the completed conversations, taken now: feedback that came while they waited is in them.
 
-    def finished(self, job: JudgeJob, judged: bool = True) -> None:
-        """The job is over (judged, failed, sampled out or skipped): keep it briefly for continuations."""
+        A conversation whose snapshot raises is dropped (nothing may stop the consumer); see `take_unreadable()`.
+        """
+        ready, self._ready = self._ready, []
+        jobs: list[JudgeJob] = []
+        for conversation, completed_by in ready:
+            try:
+                jobs.append(conversation.snapshot(completed_by))
+            except Exception:
+                logger.exception("conversation %r could not be assembled: dropped", conversation.id)
+                self.counts.unreadable += 1
+                if self.judging.get(conversation.id) is conversation:
+                    del self.judging[conversation.id]
+                self._unreadable.append(conversation.key)
+        return jobs
+
+    def take_unreadable(self) -> list[str]:
+        """Hold keys of the conversations dropped because they could not be assembled (release them)."""
+        dropped, self._unreadable = self._unreadable, []
+        return dropped
+
+    def finished(self, job: JudgeJob, judged: bool = True) -> Conversation | None:
+        """The job is over (judged, failed, sampled out or skipped): keep it for continuations and late feedback.
+
+        Negative feedback that arrived after the snapshot, on a job that was not judged, re-completes the conversation
+        at once (completed_by `negative_feedback`); it is returned so the caller holds its offset (the conversation's
+        first record) before releasing the finished job's hold.
+        """
         conversation = self.judging.pop(job.conversation_id, None)
         if conversation is None or conversation.key != job.key:
             if conversation is not None:
                 self.judging[job.conversation_id] = conversation
-            return
+            return None
         conversation.judged = judged
+        if (
+            conversation.negative_feedback
+            and not judged
+            and not job.negative_feedback
+            and job.conversation_id not in self.open
+        ):
+            again = self._again(conversation, conversation.partition, conversation.hold_offset, conversation.last_seen)
+            self._complete(again, "negative_feedback")
+            return again
         self.done[conversation.id] = conversation
         while len(self.done) > self.max_done:
             self.done.popitem(last=False)
+        return None
+
+    @staticmethod
+    def _again(previous: Conversation, partition: int, offset: int | None, now: float) -> Conversation:
+        """A new version of a completed, unjudged conversation, to judge it for negative feedback."""
+        return Conversation(
+            id=previous.id,
+            key=f"{previous.id}#{next(_generation)}",
+            partition=partition,
+            agent=previous.agent,
+            last_seen=now,
+            hold_offset=offset,
+            turns=dict(previous.turns),
+            ended=True,
+            negative_feedback=True,
+            feedback=list(previous.feedback),
+        )
 
     def drop_partitions(self, partitions: set[int]) -> list[str]:
-        """Partitions revoked: forget their open conversations (the new owner re-reads them); returns hold keys."""
+        """Partitions revoked: forget their conversations, open, completed or being judged (the new owner re-reads
+        them); returns the hold keys of those not dispatched. One left in `judging` would make its records, re-read
+        if the partition comes back, look like duplicates: never judged again, committed past."""
         dropped = [c for c in self.open.values() if c.partition in partitions]
         for conversation in dropped:
             del self.open[conversation.id]
         for cid in [cid for cid, c in self.done.items() if c.partition in partitions]:
             del self.done[cid]
-        self.ready = [job for job in self.ready if job.partition not in partitions]
+        dropped += [c for c, _ in self._ready if c.partition in partitions]
+        self._ready = [(c, by) for c, by in self._ready if c.partition not in partitions]
+        for cid in [cid for cid, c in self.judging.items() if c.partition in partitions]:
+            del self.judging[cid]  # a job in the pool still finishes (and emits); `finished()` then finds nothing
         return [c.key for c in dropped]

@@ -7,13 +7,14 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from tracejudge.tracer._kafka_options import check_kafka_options
+from tracejudge.tracer.kafka_options import check_kafka_options
 
 KNOWN_METRICS = ("failure_rate", "conversational_flow")
 
 
-def _env(name: str, default: Any) -> Any:
-    return Field(default, validation_alias=name)
+def _env(name: str, default: Any, description: str) -> Any:
+    """A field read from environment variable `name`; its flag's --help is made of `description`, `name`, `default`."""
+    return Field(default, validation_alias=name, description=description)
 
 
 def parse_pairs(value: Any, what: str) -> dict[str, str]:
@@ -49,39 +50,86 @@ def _coerce(value: str) -> Any:
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(populate_by_name=True, extra="forbid", case_sensitive=False)
 
-    bootstrap_servers: str = _env("TRACEJUDGE_KAFKA_BOOTSTRAP_SERVERS", "localhost:9092")
-    topic: str = _env("TRACEJUDGE_TOPIC", "otlp_spans")
-    group_id: str = _env("TRACEJUDGE_GROUP_ID", "tracejudge")
-    start_from: Literal["latest", "earliest"] = _env("TRACEJUDGE_START_FROM", "latest")
-    judge_model: str = _env("TRACEJUDGE_JUDGE_MODEL", "gpt-4o-mini")
-    metrics: Annotated[list[str], NoDecode] = _env("TRACEJUDGE_METRICS", ["failure_rate", "conversational_flow"])
-    sample_rate: float = _env("TRACEJUDGE_SAMPLE_RATE", 1.0)
-    agent_sample_rates: Annotated[dict[str, float], NoDecode] = _env("TRACEJUDGE_AGENT_SAMPLE_RATES", {})
-    session_idle_timeout: float = _env("TRACEJUDGE_SESSION_IDLE_TIMEOUT", 300.0)
-    max_concurrency: int = _env("TRACEJUDGE_MAX_CONCURRENCY", 16)
-    max_requests_per_minute: float | None = _env("TRACEJUDGE_MAX_REQUESTS_PER_MINUTE", None)
-    max_cost_per_hour: float | None = _env("TRACEJUDGE_MAX_COST_PER_HOUR", None)
-    metrics_host: str = _env("TRACEJUDGE_METRICS_HOST", "0.0.0.0")
-    metrics_port: int = _env("TRACEJUDGE_METRICS_PORT", 9464)
-    max_agents: int = _env("TRACEJUDGE_MAX_AGENTS", 200)
-    otlp_endpoint: str | None = _env("OTEL_EXPORTER_OTLP_ENDPOINT", None)
-    otlp_protocol: Literal["http/protobuf", "grpc"] = _env("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
-    results_topic: str | None = _env("TRACEJUDGE_RESULTS_TOPIC", None)
-    dead_letter_topic: str | None = _env("TRACEJUDGE_DEAD_LETTER_TOPIC", None)
-    kafka_config: Annotated[dict[str, Any], NoDecode] = _env("TRACEJUDGE_KAFKA_CONFIG", {})
-    window_sessions: int = _env("TRACEJUDGE_WINDOW_SESSIONS", 100)
-    window_seconds: float = _env("TRACEJUDGE_WINDOW_SECONDS", 900.0)
-    redact: bool = _env("TRACEJUDGE_REDACT", True)
-    shutdown_grace: float = _env("TRACEJUDGE_SHUTDOWN_GRACE", 30.0)
-    judge_timeout: float = _env("TRACEJUDGE_JUDGE_TIMEOUT", 60.0)
-    judge_retries: int = _env("TRACEJUDGE_JUDGE_RETRIES", 3)
-    threshold: float = _env("TRACEJUDGE_THRESHOLD", 0.7)
-    max_open_conversations: int = _env("TRACEJUDGE_MAX_OPEN_CONVERSATIONS", 100_000)
-    max_turns_per_conversation: int = _env("TRACEJUDGE_MAX_TURNS_PER_CONVERSATION", 1_000)
-    max_record_bytes: int = _env("TRACEJUDGE_MAX_RECORD_BYTES", 8 * 1024 * 1024)
-    commit_interval: float = _env("TRACEJUDGE_COMMIT_INTERVAL", 2.0)
-    log_format: Literal["text", "json"] = _env("TRACEJUDGE_LOG_FORMAT", "text")
-    log_level: str = _env("TRACEJUDGE_LOG_LEVEL", "INFO")
+    bootstrap_servers: str = _env(
+        "TRACEJUDGE_KAFKA_BOOTSTRAP_SERVERS", "localhost:9092", "Kafka brokers, host:port[,host:port]"
+    )
+    topic: str = _env("TRACEJUDGE_TOPIC", "otlp_spans", "the span topic")
+    group_id: str = _env("TRACEJUDGE_GROUP_ID", "tracejudge", "the Kafka consumer group")
+    start_from: Literal["latest", "earliest"] = _env(
+        "TRACEJUDGE_START_FROM", "latest", "where a group without committed offsets starts"
+    )
+    judge_model: str = _env("TRACEJUDGE_JUDGE_MODEL", "gpt-4o-mini", "the judge: a LiteLLM model string")
+    metrics: Annotated[list[str], NoDecode] = _env(
+        "TRACEJUDGE_METRICS",
+        ["failure_rate", "conversational_flow"],
+        "judges to run, comma-separated: failure_rate,conversational_flow",
+    )
+    sample_rate: float = _env("TRACEJUDGE_SAMPLE_RATE", 1.0, "share of conversations judged, 0..1")
+    agent_sample_rates: Annotated[dict[str, float], NoDecode] = _env(
+        "TRACEJUDGE_AGENT_SAMPLE_RATES", {}, "one agent's sample rate (repeatable)"
+    )
+    session_idle_timeout: float = _env(
+        "TRACEJUDGE_SESSION_IDLE_TIMEOUT", 300.0, "a conversation silent this long is complete and judged"
+    )
+    max_concurrency: int = _env("TRACEJUDGE_MAX_CONCURRENCY", 16, "judge calls in flight at most")
+    max_requests_per_minute: float | None = _env(
+        "TRACEJUDGE_MAX_REQUESTS_PER_MINUTE", None, "judge calls per minute at most (none: unlimited)"
+    )
+    max_cost_per_hour: float | None = _env(
+        "TRACEJUDGE_MAX_COST_PER_HOUR", None, "judge spend per hour at most (none: unlimited)"
+    )
+    metrics_host: str = _env("TRACEJUDGE_METRICS_HOST", "0.0.0.0", "address of the Prometheus /metrics endpoint")
+    metrics_port: int = _env("TRACEJUDGE_METRICS_PORT", 9464, "port of the Prometheus /metrics endpoint")
+    max_agents: int = _env(
+        "TRACEJUDGE_MAX_AGENTS", 200, "distinct agent label values; later agents are reported as _other"
+    )
+    otlp_endpoint: str | None = _env(
+        "OTEL_EXPORTER_OTLP_ENDPOINT", None, "OTLP base URL for evaluation spans and events (none: off)"
+    )
+    otlp_protocol: Literal["http/protobuf", "grpc"] = _env(
+        "OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf", "OTLP protocol"
+    )
+    results_topic: str | None = _env(
+        "TRACEJUDGE_RESULTS_TOPIC", None, "Kafka topic for one JSON result per judgement (none: off)"
+    )
+    dead_letter_topic: str | None = _env(
+        "TRACEJUDGE_DEAD_LETTER_TOPIC", None, "Kafka topic for records that cannot be read (none: off)"
+    )
+    kafka_config: Annotated[dict[str, Any], NoDecode] = _env(
+        "TRACEJUDGE_KAFKA_CONFIG", {}, "a Kafka client option, e.g. security_protocol=SASL_SSL (repeatable)"
+    )
+    window_sessions: int = _env(
+        "TRACEJUDGE_WINDOW_SESSIONS", 100, "rates cover each agent's last N judged conversations"
+    )
+    window_seconds: float = _env(
+        "TRACEJUDGE_WINDOW_SECONDS", 900.0, "rates cover conversations judged within this many seconds"
+    )
+    redact: bool = _env(
+        "TRACEJUDGE_REDACT", True, "replace e-mails, phone numbers, cards, IBANs and keys before the judge sees them"
+    )
+    shutdown_grace: float = _env(
+        "TRACEJUDGE_SHUTDOWN_GRACE", 30.0, "seconds in-flight judgements get to finish on SIGTERM"
+    )
+    judge_timeout: float = _env("TRACEJUDGE_JUDGE_TIMEOUT", 60.0, "seconds per judge call attempt")
+    judge_retries: int = _env("TRACEJUDGE_JUDGE_RETRIES", 3, "retries of a failed judge call")
+    threshold: float = _env("TRACEJUDGE_THRESHOLD", 0.7, "a score at or above this passes")
+    max_open_conversations: int = _env(
+        "TRACEJUDGE_MAX_OPEN_CONVERSATIONS", 100_000, "open conversations at most; past it the partitions pause"
+    )
+    max_turns_per_conversation: int = _env(
+        "TRACEJUDGE_MAX_TURNS_PER_CONVERSATION", 1_000, "a conversation is judged (marked truncated) at this many turns"
+    )
+    max_record_bytes: int = _env(
+        "TRACEJUDGE_MAX_RECORD_BYTES", 8 * 1024 * 1024, "larger Kafka records are skipped as malformed"
+    )
+    commit_interval: float = _env("TRACEJUDGE_COMMIT_INTERVAL", 2.0, "seconds between offset commits")
+    log_format: Literal["text", "json"] = _env("TRACEJUDGE_LOG_FORMAT", "text", "log line format")
+    log_level: str = _env("TRACEJUDGE_LOG_LEVEL", "INFO", "log level")
+    calibration: str | None = _env(
+        "TRACEJUDGE_CALIBRATION",
+        None,
+        "a `tracejudge calibrate --output` report: correct hallucination rates for judge error",
+    )
 
     @field_validator("metrics", mode="before")
     @classmethod
@@ -93,7 +141,7 @@ class Settings(BaseSettings):
             raise ValueError(f"unknown metric(s) {', '.join(unknown)}; known: {', '.join(KNOWN_METRICS)}")
         if not names:
             raise ValueError("at least one metric is needed")
-        return names
+        return list(dict.fromkeys(names))  # "failure_rate,failure_rate" must not judge (and count) twice
 
     @field_validator("agent_sample_rates", mode="before")
     @classmethod

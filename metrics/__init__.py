@@ -1,7 +1,9 @@
 """The two holistic LLM judges, usable offline: Failure Rate and Conversational Flow Rate."""
 
+from tracejudge.tracer.errors import TracejudgeError
+
 from ._cases import ConversationalEvalTestCase, EvalTestCase
-from ._errors import TracejudgeError
+from ._judge import HolisticJudgeMetric
 from ._llm import CustomLLMClient
 from ._results import ConversationResult, MetricResult
 from .conversational_flow import ConversationalFlowRateMetric
@@ -15,6 +17,7 @@ __all__ = [
     "CustomLLMClient",
     "EvalTestCase",
     "FailureRateMetric",
+    "HolisticJudgeMetric",
     "MetricResult",
     "TracejudgeError",
     "evaluate_conversations",

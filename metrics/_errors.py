@@ -1,10 +1,8 @@
-"""The root of every error tracejudge raises on purpose."""
+"""Errors of the judges, under the project's one root (tracejudge.tracer.errors)."""
 
 from __future__ import annotations
 
-
-class TracejudgeError(Exception):
-    """Base class: catch this to catch anything tracejudge raises deliberately."""
+from tracejudge.tracer.errors import TracejudgeError
 
 
 class JudgeCallError(TracejudgeError):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import time
@@ -9,11 +10,13 @@ from typing import Any, ClassVar
 
 from pydantic import AliasChoices, BaseModel, Field, ValidationError, field_validator
 
+from ._caching import cacheable_system_prompt
 from ._cases import ConversationalEvalTestCase
 from ._errors import InvalidJudgeAnswer, JudgeCallError
 from ._llm import CustomLLMClient, JudgeBackend, JudgeReply, RetryPolicy, call_with_retries, resolve_backend
+from ._printing import print_metric_result
 from ._results import ERROR_EMPTY_CONVERSATION, ERROR_INTERNAL, ERROR_INVALID_OUTPUT, MetricResult
-from ._transcript import DEFAULT_BUDGET_TOKENS, Redactor, render_transcript, user_message
+from .transcript import DEFAULT_BUDGET_TOKENS, Redactor, render_transcript, user_message
 
 _FENCE = re.compile(r"```(?:json|JSON)?\s*(.*?)```", re.DOTALL)
 _MAX_EVIDENCE_ITEMS = 20
@@ -107,6 +110,8 @@ class HolisticJudgeMetric:
     name: ClassVar[str]
     weights: ClassVar[dict[str, float]]
     system_prompt: ClassVar[str]
+    evidence_key: ClassVar[str] = "evidence"  # the prompt's name for the evidence list (Flow: "key_issues")
+    extended_examples: ClassVar[str] = ""  # more worked examples, sent only where the rubric is below caching minimum
 
     def __init__(
         self,
@@ -132,6 +137,13 @@ class HolisticJudgeMetric:
         self.transcript_budget_tokens = transcript_budget_tokens
         self.redactor = redactor
         self.labels = frozenset(self.weights)
+        self._litellm_model: str | None = getattr(self.backend, "litellm_model", None)
+
+    @property
+    def effective_system_prompt(self) -> str:
+        """What the judge is really sent: the rubric, with the extended examples where this model's caching minimum
+        needs them. Read on every use, so a prompt set on the instance is both sent and versioned."""
+        return cacheable_system_prompt(self.system_prompt, self.extended_examples, self._litellm_model)
 
     @property
     def model_name(self) -> str:
@@ -140,13 +152,45 @@ class HolisticJudgeMetric:
     def __repr__(self) -> str:
         return f"{type(self).__name__}(model={self.model_name!r}, threshold={self.threshold})"
 
+    @classmethod
+    def response_format(cls) -> dict[str, Any]:
+        """OpenAI structured output (strict): `verdict` is an enum of exactly this metric's labels."""
+        schema = {
+            "type": "object",
+            "properties": {
+                "verdict": {"type": "string", "enum": sorted(cls.weights)},
+                cls.evidence_key: {"type": "array", "items": {"type": "string"}},
+                "reason": {"type": "string"},
+            },
+            "required": ["verdict", cls.evidence_key, "reason"],
+            "additionalProperties": False,
+        }
+        return {"type": "json_schema", "json_schema": {"name": f"{cls.name}_verdict", "strict": True, "schema": schema}}
+
+    @property
+    def rubric_version(self) -> str:
+        """`{metric}@{12 hex}` over what the judge is asked (the system prompt really sent, labels with weights,
+        response schema), so a verdict can be told from one made under another rubric; threshold and timeouts do not
+        enter it, and the model only where it changes the prompt (extended examples for its caching minimum)."""
+        material = json.dumps(
+            {
+                "system_prompt": self.effective_system_prompt,
+                "weights": dict(sorted(self.weights.items())),
+                "response_format": self.response_format(),
+            },
+            sort_keys=True,
+            ensure_ascii=False,
+            separators=(",", ":"),
+        )
+        return f"{self.name}@{hashlib.sha256(material.encode('utf-8', 'surrogatepass')).hexdigest()[:12]}"
+
     def build_messages(self, conversation: ConversationalEvalTestCase) -> list[dict[str, str]]:
         """System: the static rubric (cacheable prefix). User: the conversation as delimited JSON data."""
         transcript = render_transcript(
             conversation.turns, budget_tokens=self.transcript_budget_tokens, redactor=self.redactor
         )
         return [
-            {"role": "system", "content": self.system_prompt},
+            {"role": "system", "content": self.effective_system_prompt},
             {"role": "user", "content": user_message(transcript)},
         ]
 
@@ -159,7 +203,8 @@ class HolisticJudgeMetric:
                 "role": "user",
                 "content": (
                     f"Your previous answer could not be used: {problem}. Reply again with only one JSON object "
-                    f'{{"verdict": ..., "evidence": [...], "reason": ...}} where verdict is exactly one of: {allowed}.'
+                    f'{{"verdict": ..., "{self.evidence_key}": [...], "reason": ...}} '
+                    f"where verdict is exactly one of: {allowed}."
                 ),
             },
         ]
@@ -167,15 +212,15 @@ class HolisticJudgeMetric:
     async def evaluate(self, conversation: ConversationalEvalTestCase) -> MetricResult:
         """Judge the conversation; never raises for judge trouble: failures come back as results with `error` set."""
         started = time.perf_counter()
-        result = MetricResult(name=self.name, threshold=self.threshold, model=self.model_name)
+        result = MetricResult(
+            name=self.name, threshold=self.threshold, model=self.model_name, rubric_version=self.rubric_version
+        )
         try:
             await self._judge(conversation, result)
         except Exception as exc:  # a bug of ours must not abort a batch either
             self._fail(result, ERROR_INTERNAL, f"internal error: {exc!r}")
         result.latency_s = time.perf_counter() - started
         if self.verbose:
-            from .evaluate import print_metric_result
-
             print_metric_result(result)
         return result
 
@@ -191,7 +236,11 @@ class HolisticJudgeMetric:
         for round_number in range(2):  # the answer, then at most one corrective retry
             try:
                 reply, attempts = await call_with_retries(
-                    self.backend, messages, timeout=self.timeout, policy=self.retry_policy
+                    self.backend,
+                    messages,
+                    timeout=self.timeout,
+                    policy=self.retry_policy,
+                    response_format=self.response_format(),
                 )
             except JudgeCallError as exc:
                 result.attempts += exc.attempts
@@ -225,6 +274,7 @@ class HolisticJudgeMetric:
         result.input_tokens = add(result.input_tokens, reply.input_tokens)
         result.output_tokens = add(result.output_tokens, reply.output_tokens)
         result.cached_input_tokens = add(result.cached_input_tokens, reply.cached_input_tokens)
+        result.cache_write_input_tokens = add(result.cache_write_input_tokens, reply.cache_write_input_tokens)
 
     @staticmethod
     def _fail(result: MetricResult, kind: str, message: str) -> None:

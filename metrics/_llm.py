@@ -7,11 +7,16 @@ trace must never pay for it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import email.utils
 import os
 import random
+import re
+import threading
 import time
 from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,11 +50,42 @@ class CustomLLMClient(ABC):
 
 @dataclass(slots=True)
 class JudgeReply:
+    """`input_tokens` counts every prompt token; `cached_input_tokens` (cache reads) and `cache_write_input_tokens`
+    (written to the cache, priced higher on Anthropic) are parts of it."""
+
     text: str
     cost_usd: float | None = None
     input_tokens: int | None = None
     output_tokens: int | None = None
     cached_input_tokens: int | None = None
+    cache_write_input_tokens: int | None = None
+
+
+# Providers that cache a prompt prefix only up to an explicit `cache_control` breakpoint (Claude on Anthropic, Bedrock,
+# Vertex AI, Azure AI Foundry, OpenRouter); OpenAI, Azure OpenAI, Gemini and the like cache a repeated prefix alone.
+_BREAKPOINT_PROVIDERS = {"bedrock", "vertex_ai", "azure_ai", "openrouter"}
+_EPHEMERAL = {"type": "ephemeral"}
+
+
+def needs_cache_breakpoint(litellm_model: str) -> bool:
+    """Whether this LiteLLM model string names a Claude model whose provider caches only at marked breakpoints."""
+    provider, _, name = litellm_model.lower().partition("/")
+    if provider == "anthropic":
+        return True
+    return provider in _BREAKPOINT_PROVIDERS and ("claude" in name or "anthropic" in name)
+
+
+def with_cache_breakpoint(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The leading system message (the static rubric) as one text block marked `cache_control: ephemeral`.
+
+    Anthropic caches the prefix up to and including the marked block; the conversation after it is never marked, so
+    each call writes or reads exactly the rubric. LiteLLM carries the block format to Anthropic, Bedrock and Vertex.
+    """
+    if not messages or messages[0].get("role") != "system" or not isinstance(messages[0].get("content"), str):
+        return messages
+    block = {"type": "text", "text": messages[0]["content"], "cache_control": dict(_EPHEMERAL)}
+    system = {"role": "system", "content": [block]}
+    return [system, *messages[1:]]
 
 
 def litellm_model_string(model: str) -> str:
@@ -67,12 +103,21 @@ def litellm_model_string(model: str) -> str:
 
 
 class JudgeBackend(ABC):
-    """One judge call, one attempt; failures raise JudgeCallError with a reason."""
+    """One judge call, one attempt; failures raise JudgeCallError with a reason. `response_format` is the verdict's
+    JSON schema (OpenAI structured-output shape); a backend that cannot pass it on ignores it."""
 
     model_name: str
 
     @abstractmethod
-    async def complete(self, messages: list[dict[str, str]], *, timeout: float) -> JudgeReply: ...
+    async def complete(
+        self, messages: list[dict[str, str]], *, timeout: float, response_format: dict[str, Any] | None = None
+    ) -> JudgeReply: ...
+
+    @contextlib.asynccontextmanager
+    async def slot(self, *, wait_s: float | None = None) -> AsyncIterator[None]:
+        """Entered around each attempt, outside its timeout: a backend may make an attempt wait here for its turn
+        (at most `wait_s`, then the attempt goes ahead anyway)."""
+        yield
 
 
 class CustomClientBackend(JudgeBackend):
@@ -80,7 +125,9 @@ class CustomClientBackend(JudgeBackend):
         self.client = client
         self.model_name = client.get_model_name()
 
-    async def complete(self, messages: list[dict[str, str]], *, timeout: float) -> JudgeReply:
+    async def complete(
+        self, messages: list[dict[str, str]], *, timeout: float, response_format: dict[str, Any] | None = None
+    ) -> JudgeReply:
         try:
             text, cost = await self.client.chat_complete(messages, 0.0)
         except TimeoutError as exc:
@@ -98,6 +145,7 @@ class CustomClientBackend(JudgeBackend):
 
 def _import_litellm() -> Any:
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    os.environ.setdefault("LITELLM_LOCAL_ANTHROPIC_BETA_HEADERS", "True")  # no blocking fetch on the first Claude call
     import litellm
 
     litellm.suppress_debug_info = True
@@ -155,30 +203,156 @@ class LiteLLMBackend(JudgeBackend):
     def __init__(self, model: str) -> None:
         self.model_name = model
         self.litellm_model = litellm_model_string(model)
-        self._json_mode = True
+        self._cache_breakpoint = needs_cache_breakpoint(self.litellm_model)
 
-    async def complete(self, messages: list[dict[str, str]], *, timeout: float) -> JudgeReply:
+    @contextlib.asynccontextmanager
+    async def slot(self, *, wait_s: float | None = None) -> AsyncIterator[None]:
+        """While the model's response mode is unproven one attempt probes it and the others wait here, outside
+        their timeouts, so a slow first answer does not time out the calls queued behind it. The wait is bounded
+        by `wait_s`: a probe that never ends (its loop gone, a hang past every timeout) cannot stall the rest."""
+        _, probing = await RESPONSE_MODES.acquire(self.litellm_model, wait_s=wait_s)
+        token = _IN_SLOT.set(self.litellm_model)
+        try:
+            yield
+        finally:
+            _IN_SLOT.reset(token)
+            if probing:
+                RESPONSE_MODES.release(self.litellm_model)
+
+    async def complete(
+        self, messages: list[dict[str, str]], *, timeout: float, response_format: dict[str, Any] | None = None
+    ) -> JudgeReply:
         litellm = _import_litellm()
         kwargs: dict[str, Any] = {
             "model": self.litellm_model,
-            "messages": messages,
+            "messages": with_cache_breakpoint(messages) if self._cache_breakpoint else messages,
             "temperature": 0,
             "timeout": timeout,
             "max_retries": 0,  # retries are ours: one policy, honouring Retry-After, bounded
             "num_retries": 0,
             "drop_params": True,
         }
-        if self._json_mode:
-            kwargs["response_format"] = {"type": "json_object"}
+        if response_format is None:
+            return await self._call(litellm, kwargs)
+        if _IN_SLOT.get() == self.litellm_model:  # the attempt's slot has waited its turn (and releases a probe)
+            mode, probing = RESPONSE_MODES.candidate(self.litellm_model), False
+        else:
+            mode, probing = await RESPONSE_MODES.acquire(self.litellm_model, wait_s=2 * timeout)
+        try:
+            while True:
+                if mode == MODE_JSON_SCHEMA:
+                    kwargs["response_format"] = response_format
+                elif mode == MODE_JSON_OBJECT:
+                    kwargs["response_format"] = {"type": "json_object"}
+                else:
+                    kwargs.pop("response_format", None)
+                try:
+                    reply = await self._call(litellm, kwargs, rejectable=mode != MODE_TEXT)
+                except _FormatRejected:
+                    mode = RESPONSE_MODES.rejected(self.litellm_model, mode)
+                    continue
+                RESPONSE_MODES.learnt(self.litellm_model, mode)
+                return reply
+        finally:
+            if probing:
+                RESPONSE_MODES.release(self.litellm_model)
+
+    @staticmethod
+    async def _call(litellm: Any, kwargs: dict[str, Any], *, rejectable: bool = False) -> JudgeReply:
         try:
             response = await litellm.acompletion(**kwargs)
         except Exception as exc:
             error = classify_litellm_error(exc)
-            if self._json_mode and error.kind == ERROR_BAD_REQUEST and "response_format" in str(exc):
-                self._json_mode = False  # this provider has no JSON mode: fall back to plain text for good
-                return await self.complete(messages, timeout=timeout)
+            if rejectable and rejects_response_format(exc, error):
+                raise _FormatRejected from exc
             raise error from exc
         return _reply_from_response(response)
+
+
+# How the verdict is asked for, best first: structured output bound to the labels, JSON mode, plain text.
+MODE_JSON_SCHEMA = "json_schema"
+MODE_JSON_OBJECT = "json_object"
+MODE_TEXT = "text"
+RESPONSE_MODES_ORDER = (MODE_JSON_SCHEMA, MODE_JSON_OBJECT, MODE_TEXT)
+_FORMAT_WORDS = re.compile(r"response_format|json_schema|json_object|structured output|response_schema", re.IGNORECASE)
+
+
+class _FormatRejected(Exception):
+    """The provider refused the requested response_format (not the request as a whole)."""
+
+
+def rejects_response_format(exc: BaseException, error: JudgeCallError) -> bool:
+    """A 4xx that names the response format, or LiteLLM's UnsupportedParamsError: the model cannot do this mode."""
+    if type(exc).__name__ == "UnsupportedParamsError":
+        return True
+    return error.kind == ERROR_BAD_REQUEST and bool(_FORMAT_WORDS.search(str(exc)))
+
+
+class ResponseModes:
+    """Per process and model string: which response mode works, learnt from the first rejection.
+
+    While a model's mode is unproven only one call probes it and the others wait (any thread, any event loop), so
+    a model that rejects the schema costs one rejected call per process, not one per judgement."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._learnt: dict[str, str] = {}
+        self._next: dict[str, str] = {}
+        self._probing: set[str] = set()
+
+    def mode(self, model: str) -> str | None:
+        with self._lock:
+            return self._learnt.get(model)
+
+    def candidate(self, model: str) -> str:
+        """The mode to try now: the learnt one, else the next one down after the rejections so far."""
+        with self._lock:
+            return self._learnt.get(model) or self._next.get(model, MODE_JSON_SCHEMA)
+
+    async def acquire(self, model: str, *, wait_s: float | None = None) -> tuple[str, bool]:
+        """The mode to use and whether this caller is the prober (it must call `release`). After `wait_s` of
+        waiting for another prober, the current candidate without probing (None: wait as long as it takes)."""
+        deadline = None if wait_s is None else time.monotonic() + wait_s
+        while True:
+            with self._lock:
+                learnt = self._learnt.get(model)
+                if learnt is not None:
+                    return learnt, False
+                if model not in self._probing:
+                    self._probing.add(model)
+                    return self._next.get(model, MODE_JSON_SCHEMA), True
+                if deadline is not None and time.monotonic() >= deadline:
+                    return self._next.get(model, MODE_JSON_SCHEMA), False
+            await asyncio.sleep(0.02)
+
+    def rejected(self, model: str, mode: str) -> str:
+        """`mode` was refused: the next one down is tried (and is what later calls start from)."""
+        fallback = RESPONSE_MODES_ORDER[min(RESPONSE_MODES_ORDER.index(mode) + 1, len(RESPONSE_MODES_ORDER) - 1)]
+        with self._lock:
+            if self._learnt.get(model) == mode:
+                del self._learnt[model]
+            self._next[model] = fallback
+        return fallback
+
+    def learnt(self, model: str, mode: str) -> None:
+        with self._lock:
+            self._learnt[model] = mode
+
+    def release(self, model: str) -> None:
+        with self._lock:
+            self._probing.discard(model)
+
+    def forget(self) -> None:
+        """Start over (tests, or after switching a model's provider)."""
+        with self._lock:
+            self._learnt.clear()
+            self._next.clear()
+            self._probing.clear()
+
+
+RESPONSE_MODES = ResponseModes()
+# The model whose slot the current attempt is in (set by `LiteLLMBackend.slot`, read by `complete`).
+_IN_SLOT: contextvars.ContextVar[str | None] = contextvars.ContextVar("tracejudge_in_slot", default=None)
 
 
 def _reply_from_response(response: Any) -> JudgeReply:
@@ -186,11 +360,7 @@ def _reply_from_response(response: Any) -> JudgeReply:
         text = response.choices[0].message.content
     except (AttributeError, IndexError, KeyError) as exc:
         raise JudgeCallError(ERROR_SERVER, f"response without a message: {exc!r}", retryable=True) from exc
-    usage = getattr(response, "usage", None)
-    input_tokens = getattr(usage, "prompt_tokens", None)
-    output_tokens = getattr(usage, "completion_tokens", None)
-    details = getattr(usage, "prompt_tokens_details", None)
-    cached = getattr(details, "cached_tokens", None) if details is not None else None
+    input_tokens, cached, written, output_tokens = usage_tokens(getattr(response, "usage", None))
     cost: float | None = None
     hidden = getattr(response, "_hidden_params", None) or {}
     raw_cost = hidden.get("response_cost") if isinstance(hidden, dict) else None
@@ -202,7 +372,43 @@ def _reply_from_response(response: Any) -> JudgeReply:
         input_tokens=input_tokens,
         output_tokens=output_tokens,
         cached_input_tokens=cached,
+        cache_write_input_tokens=written,
     )
+
+
+def _field(source: Any, name: str) -> Any:
+    if source is None:
+        return None
+    return source.get(name) if isinstance(source, dict) else getattr(source, name, None)
+
+
+def _count(source: Any, name: str) -> int | None:
+    value = _field(source, name)
+    return int(value) if isinstance(value, int | float) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _largest(*values: int | None) -> int | None:
+    known = [value for value in values if value is not None]
+    return max(known) if known else None
+
+
+def usage_tokens(usage: Any) -> tuple[int | None, int | None, int | None, int | None]:
+    """(all prompt tokens, cache reads, cache writes, output tokens) from any usage shape LiteLLM returns.
+
+    OpenAI and Gemini: `prompt_tokens_details.cached_tokens`, already inside `prompt_tokens`. Anthropic, Bedrock and
+    Vertex Claude: `cache_read_input_tokens` / `cache_creation_input_tokens` (also mirrored into
+    `prompt_tokens_details.cached_tokens` / `cache_creation_tokens`), which LiteLLM adds into `prompt_tokens`; a shape
+    whose prompt count leaves them out (Anthropic's raw `input_tokens`) is recognised by being smaller than their sum.
+    """
+    if usage is None:
+        return None, None, None, None
+    details = _field(usage, "prompt_tokens_details")
+    read = _largest(_count(usage, "cache_read_input_tokens"), _count(details, "cached_tokens"))
+    written = _largest(_count(usage, "cache_creation_input_tokens"), _count(details, "cache_creation_tokens"))
+    prompt = _count(usage, "prompt_tokens")
+    if prompt is not None and prompt < (read or 0) + (written or 0):
+        prompt += (read or 0) + (written or 0)
+    return prompt, read, written, _count(usage, "completion_tokens")
 
 
 def resolve_backend(model: str | CustomLLMClient | JudgeBackend) -> JudgeBackend:
@@ -218,7 +424,11 @@ def resolve_backend(model: str | CustomLLMClient | JudgeBackend) -> JudgeBackend
 
 @dataclass(slots=True)
 class RetryPolicy:
-    """Bounded retries with exponential backoff and full jitter; Retry-After wins when the server sends it."""
+    """Bounded retries with exponential backoff and equal jitter; Retry-After wins when the server sends it.
+
+    Equal jitter (a random delay between half the exponential ceiling and the ceiling), not full jitter: callers are
+    spread out, yet no retry comes sooner than half the backoff, which keeps pressure off a judge that is rate-limiting.
+    """
 
     max_retries: int = 3
     base_delay_s: float = 0.5
@@ -237,13 +447,18 @@ async def call_with_retries(
     *,
     timeout: float,
     policy: RetryPolicy,
+    response_format: dict[str, Any] | None = None,
 ) -> tuple[JudgeReply, int]:
     """One judge call with a hard timeout per attempt; returns the reply and the number of attempts made."""
     attempt = 0
     while True:
         attempt += 1
         try:
-            reply = await asyncio.wait_for(backend.complete(messages, timeout=timeout), timeout=timeout)
+            # Waiting for a turn (the response-mode probe) is not part of the attempt's timeout, and is bounded.
+            turn = backend.slot(wait_s=2 * timeout) if response_format is not None else contextlib.nullcontext()
+            async with turn:
+                call = backend.complete(messages, timeout=timeout, response_format=response_format)
+                reply = await asyncio.wait_for(call, timeout=timeout)
             return reply, attempt
         except TimeoutError as exc:
             error = JudgeCallError(ERROR_TIMEOUT, f"no answer within {timeout:g}s", retryable=True)

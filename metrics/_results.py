@@ -28,10 +28,12 @@ class MetricResult(BaseModel):
     evidence: list[str] = Field(default_factory=list)
     threshold: float
     model: str
+    rubric_version: str | None = None  # `{metric}@{12 hex}`: which rubric (prompt, labels, schema) gave the verdict
     cost_usd: float | None = None
     input_tokens: int | None = None
     output_tokens: int | None = None
-    cached_input_tokens: int | None = None
+    cached_input_tokens: int | None = None  # cache reads, part of input_tokens
+    cache_write_input_tokens: int | None = None  # written to the provider's cache (Anthropic: 1.25x), part of input
     latency_s: float = 0.0
     attempts: int = 0
     error: str | None = None

@@ -34,6 +34,9 @@ def require_binary(name: str) -> str:
 
 @pytest.fixture
 def judge_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[JudgeServer]:
+    from tracejudge.metrics._llm import RESPONSE_MODES
+
+    RESPONSE_MODES.forget()  # a new server is a new "provider": what a model accepted is learnt again
     server = JudgeServer().start()
     monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
     monkeypatch.setenv("OPENAI_API_BASE", server.base_url)

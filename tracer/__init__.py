@@ -6,10 +6,12 @@ Light on purpose: importing this package never imports LiteLLM or any judge code
 from ._conversation import conversation, end_conversation
 from ._decorator import traced_agent
 from ._feedback import record_feedback
+from ._stamping import ConversationSpanProcessor
 from .exporter import KafkaSpanExporter
 from .setup import setup_tracing
 
 __all__ = [
+    "ConversationSpanProcessor",
     "KafkaSpanExporter",
     "conversation",
     "end_conversation",

@@ -13,7 +13,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind, TracerProvider
 
 from ._internal import handle_internal_errors
-from ._semconv import CONVERSATION_ENDED, END_CONVERSATION_SPAN, GEN_AI_AGENT_NAME, GEN_AI_CONVERSATION_ID, TRACER_NAME
+from .semconv import CONVERSATION_ENDED, END_CONVERSATION_SPAN, GEN_AI_AGENT_NAME, GEN_AI_CONVERSATION_ID, TRACER_NAME
 
 _MAX_TRACKED_CONVERSATIONS = 100_000
 

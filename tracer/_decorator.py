@@ -20,7 +20,7 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode, TracerProvid
 from ._conversation import current_conversation, get_tracer, turn_counter
 from ._internal import handle_internal_errors
 from ._messages import chunk_text, input_messages_json, output_messages_json, output_text
-from ._semconv import (
+from .semconv import (
     CONVERSATION_ENDED,
     ERROR_TYPE,
     GEN_AI_AGENT_NAME,
@@ -213,68 +213,98 @@ class _StreamText:
         return "".join(self.parts)
 
 
+def _end(spec: _Spec, turn: _Turn | None, stream: _StreamText, exc: BaseException | None) -> None:
+    if turn is not None:
+        if exc is None:
+            _finish(spec, turn, None, text=stream.text())
+        else:
+            _fail(turn, exc)
+
+
 def _wrap_generator(func: Callable[..., Any], spec: _Spec) -> Callable[..., Any]:
+    """`yield from` (PEP 380) with a span: send, throw and close reach the user's generator, its return value is
+    returned, and the span ends once, whichever way the stream ends (exhausted, closed, thrown into, collected)."""
+
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        inner = func(*args, **kwargs)  # first: runs no user code, but wrong arguments raise here, before any span
         turn = _start(spec, args, kwargs, attach=False)
-        if turn is None:
-            return (yield from func(*args, **kwargs))
         stream = _StreamText()
-        span_context = trace.set_span_in_context(turn.span)
-        generator = func(*args, **kwargs)
-        try:
-            to_send: Any = None
-            while True:
-                token = otel_context.attach(span_context)
-                try:
-                    chunk = generator.send(to_send)
-                finally:
+        span_context = trace.set_span_in_context(turn.span) if turn is not None else None
+
+        def step(method: Callable[..., Any], *arg: Any) -> Any:
+            # Only while the user's code runs is the turn the current span: the consumer of the stream is outside it.
+            token = otel_context.attach(span_context) if span_context is not None else None
+            try:
+                return method(*arg)
+            finally:
+                if token is not None:
                     otel_context.detach(token)
+
+        try:
+            chunk = step(inner.send, None)
+            while True:
                 stream.add(chunk)
-                to_send = yield chunk
+                try:
+                    sent = yield chunk
+                except GeneratorExit:
+                    step(inner.close)
+                    raise
+                except BaseException as exc:
+                    chunk = step(inner.throw, exc)
+                else:
+                    chunk = step(inner.send, sent)
         except StopIteration as stop:
-            _finish(spec, turn, None, text=stream.text())
+            _end(spec, turn, stream, None)
             return stop.value
         except GeneratorExit:
-            generator.close()
-            _finish(spec, turn, None, text=stream.text())
+            _end(spec, turn, stream, None)  # closed early: the turn is what was streamed so far
             raise
         except BaseException as exc:
-            _fail(turn, exc)
+            _end(spec, turn, stream, exc)
             raise
 
     return wrapper
 
 
 def _wrap_async_generator(func: Callable[..., Any], spec: _Spec) -> Callable[..., Any]:
+    """The asend/athrow/aclose loop that `yield from` would be for async generators, with the same span rules."""
+
     @functools.wraps(func)
     async def wrapper(*args: Any, **kwargs: Any) -> Any:
+        inner = func(*args, **kwargs)
         turn = _start(spec, args, kwargs, attach=False)
-        if turn is None:
-            async for chunk in func(*args, **kwargs):
-                yield chunk
-            return
         stream = _StreamText()
-        span_context = trace.set_span_in_context(turn.span)
-        generator = func(*args, **kwargs)
-        try:
-            to_send: Any = None
-            while True:
-                token = otel_context.attach(span_context)
-                try:
-                    chunk = await generator.asend(to_send)
-                finally:
+        span_context = trace.set_span_in_context(turn.span) if turn is not None else None
+
+        async def step(method: Callable[..., Any], *arg: Any) -> Any:
+            token = otel_context.attach(span_context) if span_context is not None else None
+            try:
+                return await method(*arg)
+            finally:
+                if token is not None:
                     otel_context.detach(token)
+
+        try:
+            chunk = await step(inner.asend, None)
+            while True:
                 stream.add(chunk)
-                to_send = yield chunk
+                try:
+                    sent = yield chunk
+                except GeneratorExit:
+                    await step(inner.aclose)
+                    raise
+                except BaseException as exc:
+                    chunk = await step(inner.athrow, exc)
+                else:
+                    chunk = await step(inner.asend, sent)
         except StopAsyncIteration:
-            _finish(spec, turn, None, text=stream.text())
+            _end(spec, turn, stream, None)
         except GeneratorExit:
-            await generator.aclose()
-            _finish(spec, turn, None, text=stream.text())
+            _end(spec, turn, stream, None)
             raise
         except BaseException as exc:
-            _fail(turn, exc)
+            _end(spec, turn, stream, exc)
             raise
 
     return wrapper

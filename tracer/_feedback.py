@@ -7,7 +7,7 @@ from typing import Any
 from opentelemetry.trace import TracerProvider
 
 from ._conversation import emit_marker
-from ._semconv import FEEDBACK_COMMENT, FEEDBACK_LABEL, FEEDBACK_SCORE, FEEDBACK_SPAN
+from .semconv import FEEDBACK_COMMENT, FEEDBACK_LABEL, FEEDBACK_SCORE, FEEDBACK_SPAN
 
 
 def record_feedback(

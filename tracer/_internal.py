@@ -3,32 +3,10 @@
 from __future__ import annotations
 
 import logging
-import threading
-import time
+
+from .rate_limited_log import RateLimitedLog
 
 logger = logging.getLogger("tracejudge.tracer")
-
-
-class RateLimitedLog:
-    """Log the first occurrence, then at most once per interval with how many were suppressed meanwhile."""
-
-    def __init__(self, log: logging.Logger, interval_s: float = 30.0) -> None:
-        self._log = log
-        self._interval_s = interval_s
-        self._last = -float("inf")
-        self._suppressed = 0
-        self._lock = threading.Lock()
-
-    def warning(self, message: str, *args: object, exc_info: bool = False) -> None:
-        with self._lock:
-            now = time.monotonic()
-            if now - self._last < self._interval_s:
-                self._suppressed += 1
-                return
-            suppressed, self._suppressed, self._last = self._suppressed, 0, now
-        if suppressed:
-            message += f" ({suppressed} similar messages suppressed)"
-        self._log.warning(message, *args, exc_info=exc_info)
 
 
 _internal_errors = RateLimitedLog(logger, interval_s=60.0)

@@ -5,33 +5,22 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from .text import clip, valid_unicode
+
 MAX_CONTENT_CHARS = 100_000
 
 
-def valid_unicode(text: str) -> str:
-    """Lone surrogates cannot be encoded as UTF-8 (protobuf, HTTP): replace them instead of failing."""
-    try:
-        text.encode("utf-8")
-        return text
-    except UnicodeEncodeError:
-        return text.encode("utf-8", "replace").decode("utf-8")
-
-
-def _clip(text: str) -> str:
-    text = valid_unicode(text)
-    if len(text) <= MAX_CONTENT_CHARS:
-        return text
-    return f"{text[:MAX_CONTENT_CHARS]}…[{len(text) - MAX_CONTENT_CHARS} characters truncated by tracejudge]"
+def _text_parts(content: str) -> list[dict[str, str]]:
+    return [{"type": "text", "content": clip(valid_unicode(content), MAX_CONTENT_CHARS)}]
 
 
 def input_messages_json(content: str) -> str:
-    return json.dumps([{"role": "user", "parts": [{"type": "text", "content": _clip(content)}]}], ensure_ascii=False)
+    return json.dumps([{"role": "user", "parts": _text_parts(content)}], ensure_ascii=False)
 
 
 def output_messages_json(content: str) -> str:
     return json.dumps(
-        [{"role": "assistant", "parts": [{"type": "text", "content": _clip(content)}], "finish_reason": "stop"}],
-        ensure_ascii=False,
+        [{"role": "assistant", "parts": _text_parts(content), "finish_reason": "stop"}], ensure_ascii=False
     )
 
 

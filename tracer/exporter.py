@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,11 +19,13 @@ from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from ._internal import RateLimitedLog
-from ._kafka_options import check_kafka_options
-from ._semconv import GEN_AI_CONVERSATION_ID
+from .identity import conversation_id
+from .kafka_options import check_kafka_options
+from .rate_limited_log import RateLimitedLog
+from .semconv import GEN_AI_CONVERSATION_ID
 
 logger = logging.getLogger("tracejudge.tracer.exporter")
+_KNOWN_TRACES = 4_096  # traces whose conversation an exporter remembers across batches
 
 # Bounded time per export: connecting, waiting for metadata and for acknowledgements all fit in these.
 _DEFAULT_PRODUCER_CONFIG: dict[str, Any] = {
@@ -68,13 +71,56 @@ def _supported_defaults() -> dict[str, Any]:
     return {k: v for k, v in _DEFAULT_PRODUCER_CONFIG.items() if k in KafkaProducer.DEFAULT_CONFIG}
 
 
-def conversation_key(span: ReadableSpan) -> bytes:
-    attributes = span.attributes or {}
-    conversation = attributes.get(GEN_AI_CONVERSATION_ID)
-    if conversation is not None:
-        return str(conversation).encode("utf-8")
+def _trace_key(span: ReadableSpan) -> bytes:
     context = span.get_span_context()
     return format(context.trace_id if context is not None else 0, "032x").encode()
+
+
+def record_keys(
+    spans: Sequence[ReadableSpan], known: OrderedDict[bytes, str] | None = None
+) -> tuple[list[bytes], dict[int, str]]:
+    """Each span's record key, looking at the whole batch: a span that names no conversation goes with the
+    conversation another span of its trace names, so all of a conversation's turns land on one partition.
+
+    `known` (trace key -> conversation, bounded, updated here) carries that across batches: a span exported after
+    its trace named a conversation goes there too. Returns the keys and, by span id, the conversations lent that way
+    (the record must name them: the consumer sees one record at a time).
+    """
+    resolved = [conversation_id(span.attributes) for span in spans]
+    by_trace: dict[bytes, str] = {}
+    for span, conversation in zip(spans, resolved, strict=True):
+        if conversation is not None:
+            by_trace.setdefault(_trace_key(span), conversation)
+    keys = []
+    lent: dict[int, str] = {}
+    for span, conversation in zip(spans, resolved, strict=True):
+        trace_key = _trace_key(span)
+        if conversation is None and trace_key not in by_trace and known is not None and trace_key in known:
+            conversation = known[trace_key]
+            context = span.get_span_context()
+            if context is not None:
+                lent[context.span_id] = conversation
+        conversation = conversation or by_trace.get(trace_key)
+        keys.append(conversation.encode("utf-8", "replace") if conversation is not None else trace_key)
+    if known is not None:
+        for trace_key, conversation in by_trace.items():
+            known[trace_key] = conversation
+            known.move_to_end(trace_key)
+        while len(known) > _KNOWN_TRACES:
+            known.popitem(last=False)
+    return keys, lent
+
+
+def _name_lent_conversations(request: Any, lent: dict[int, str]) -> None:
+    """Write the conversation a span was lent (from an earlier batch of its trace) into its encoded record."""
+    for resource_spans in request.resource_spans:
+        for scope_spans in resource_spans.scope_spans:
+            for span in scope_spans.spans:
+                conversation = lent.get(int.from_bytes(span.span_id, "big"))
+                if conversation is not None:
+                    attribute = span.attributes.add()
+                    attribute.key = GEN_AI_CONVERSATION_ID
+                    attribute.value.string_value = conversation
 
 
 class KafkaSpanExporter(SpanExporter):
@@ -102,6 +148,7 @@ class KafkaSpanExporter(SpanExporter):
         self._lock = threading.Lock()
         self._shutdown = False
         self._drop_log = RateLimitedLog(logger, interval_s=30.0)
+        self._known_traces: OrderedDict[bytes, str] = OrderedDict()  # guarded by _lock
 
     def _get_producer(self) -> Any:
         if self._producer is not None:
@@ -134,14 +181,18 @@ class KafkaSpanExporter(SpanExporter):
             self._drop(len(spans), "broker unreachable (waiting before reconnecting)")
             return SpanExportResult.FAILURE
         groups: dict[bytes, list[ReadableSpan]] = {}
-        for span in spans:
-            groups.setdefault(conversation_key(span), []).append(span)
+        keys, lent = record_keys(spans, self._known_traces)
+        for span, key in zip(spans, keys, strict=True):
+            groups.setdefault(key, []).append(span)
         deadline = time.monotonic() + self.export_timeout_s
         pending = []
         unencodable = 0
         for key, group in groups.items():
             try:  # one conversation's bad span (say, invalid Unicode in an attribute) never costs the others
-                value = encode_spans(group).SerializeToString()
+                request = encode_spans(group)
+                if lent:
+                    _name_lent_conversations(request, lent)
+                value = request.SerializeToString()
             except Exception as exc:
                 unencodable += len(group)
                 self._drop(len(group), f"could not encode spans: {exc!r}"[:300])

@@ -4,37 +4,28 @@ from __future__ import annotations
 
 import logging
 import os
+import weakref
 from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+from opentelemetry.sdk.trace import TracerProvider
 
+from ._batch import BoundedBatchSpanProcessor
 from ._env import (
     OTEL_EXPORTER_OTLP_ENDPOINT,
     OTEL_EXPORTER_OTLP_TRACES_ENDPOINT,
     OTEL_SERVICE_NAME,
     TRACEJUDGE_KAFKA_BOOTSTRAP_SERVERS,
 )
+from ._stamping import ConversationSpanProcessor
 from .exporter import ExporterStats, KafkaSpanExporter
 
 logger = logging.getLogger("tracejudge.tracer")
 
 
-class CountingBatchSpanProcessor(BatchSpanProcessor):
-    """A BatchSpanProcessor that also counts the spans it drops because its queue is full (broker down too long)."""
-
-    def __init__(self, exporter: SpanExporter, stats: ExporterStats, **kwargs: Any) -> None:
-        super().__init__(exporter, **kwargs)
-        self._stats = stats
-
-    def on_end(self, span: ReadableSpan) -> None:
-        batch = getattr(self, "_batch_processor", None)
-        queue = getattr(batch, "_queue", None)
-        if queue is not None and queue.maxlen is not None and len(queue) >= queue.maxlen:
-            self._stats.add(queue_full_drops=1, spans_dropped=1)
-        super().on_end(span)
+# The Kafka exporter's counters of each provider setup_tracing built (read by exporter_stats).
+_stats_by_provider: weakref.WeakKeyDictionary[TracerProvider, ExporterStats] = weakref.WeakKeyDictionary()
 
 
 def setup_tracing(
@@ -55,6 +46,7 @@ def setup_tracing(
     service_name = service_name or os.environ.get(OTEL_SERVICE_NAME) or "unknown_service"
     bootstrap = kafka_bootstrap_servers or os.environ.get(TRACEJUDGE_KAFKA_BOOTSTRAP_SERVERS)
     provider = TracerProvider(resource=Resource.create({SERVICE_NAME: service_name}))
+    provider.add_span_processor(ConversationSpanProcessor())  # first: stamps before any exporter sees a span
     processor_options: dict[str, Any] = {}
     if schedule_delay_millis is not None:
         processor_options["schedule_delay_millis"] = schedule_delay_millis
@@ -63,7 +55,8 @@ def setup_tracing(
         processor_options["max_export_batch_size"] = min(512, max_queue_size)
     if bootstrap:
         exporter = KafkaSpanExporter(bootstrap, topic, **kafka_config)
-        provider.add_span_processor(CountingBatchSpanProcessor(exporter, exporter.stats, **processor_options))
+        provider.add_span_processor(BoundedBatchSpanProcessor(exporter, stats=exporter.stats, **processor_options))
+        _stats_by_provider[provider] = exporter.stats
     else:
         logger.warning("tracejudge: no Kafka bootstrap servers given; spans will not reach the tracejudge consumer")
     endpoint = otlp_endpoint or os.environ.get(OTEL_EXPORTER_OTLP_ENDPOINT)
@@ -71,7 +64,7 @@ def setup_tracing(
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
         otlp = OTLPSpanExporter(endpoint=f"{endpoint.rstrip('/')}/v1/traces") if otlp_endpoint else OTLPSpanExporter()
-        provider.add_span_processor(BatchSpanProcessor(otlp, **processor_options))
+        provider.add_span_processor(BoundedBatchSpanProcessor(otlp, **processor_options))
     if set_global:
         trace.set_tracer_provider(provider)
     return provider
@@ -79,7 +72,4 @@ def setup_tracing(
 
 def exporter_stats(provider: TracerProvider) -> ExporterStats | None:
     """The Kafka exporter's counters of a provider built by setup_tracing (None if it has none)."""
-    for processor in getattr(provider._active_span_processor, "_span_processors", ()):
-        if isinstance(processor, CountingBatchSpanProcessor):
-            return processor._stats
-    return None
+    return _stats_by_provider.get(provider)

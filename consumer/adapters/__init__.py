@@ -1,20 +1,130 @@
-"""One adapter per span convention: each turns a decoded span into a conversation event, or nothing."""
+"""From a decoded span to a conversation event (a turn, an end marker, feedback) or nothing, whatever the convention.
+
+The conversation id and the agent come from one resolver (`tracejudge.tracer.identity`, shared with the exporter's
+record key). Clean text comes first: GenAI messages (attributes, then span events), OpenInference and OpenLLMetry
+message attributes; raw bodies (`input.value`, `traceloop.entity.*`, pydantic-ai's `final_result`) only fill a side
+that none of those has.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from tracejudge.tracer.identity import agent_name, conversation_id, service_name
+from tracejudge.tracer.semconv import GEN_AI_OPERATION_NAME, OPERATION_INVOKE_AGENT, TURN_INDEX
+
 from ..decode import DecodedSpan
 from . import genai, openinference, openllmetry
-from ._base import ConversationEvent, Feedback, Turn
+from ._base import ConversationEvent, Feedback, Turn, clean_agent, turn_from_span
 
-ADAPTERS = (genai.extract, openinference.extract, openllmetry.extract)
+__all__ = ["ConversationEvent", "Feedback", "TraceContext", "Turn", "extract", "trace_contexts"]
 
-__all__ = ["ADAPTERS", "ConversationEvent", "Feedback", "Turn", "extract"]
+Reader = Callable[[DecodedSpan], tuple[str | None, str | None]]
+STRUCTURED: tuple[Reader, ...] = (genai.messages, genai.events, openinference.messages, openllmetry.messages)
+BODIES: tuple[Reader, ...] = (genai.agent_bodies, openinference.bodies, openllmetry.bodies)
+
+# Spans that are a turn even without content (capture off): counted, then judged `empty_conversation`, never dropped.
+_CALL_OPERATIONS = frozenset({OPERATION_INVOKE_AGENT, "chat", "text_completion", "generate_content"})
+# Steps inside a turn that are not an exchange with the user.
+_NOT_TURN_OPERATIONS = frozenset({"execute_tool", "embeddings", "retrieval", "create_agent"})
+_NOT_TURN_KINDS = frozenset({"TOOL", "RETRIEVER", "EMBEDDING", "RERANKER", "GUARDRAIL", "EVALUATOR", "PROMPT"})
 
 
-def extract(span: DecodedSpan) -> ConversationEvent | None:
-    """The first adapter that recognises the span wins; other spans are skipped cheaply."""
-    for adapter in ADAPTERS:
-        event = adapter(span)
-        if event is not None:
-            return event
-    return None
+@dataclass(slots=True)
+class TraceContext:
+    """What the other spans of a trace in the same record say: a child LLM span without an id or a name of its
+    own belongs to the conversation and agent its trace names."""
+
+    conversation_id: str | None = None
+    agent: str | None = None
+
+
+def trace_contexts(spans: Iterable[DecodedSpan]) -> dict[str, TraceContext]:
+    contexts: dict[str, TraceContext] = {}
+    for span in spans:
+        conversation = conversation_id(span.attributes)
+        agent = agent_name(span.attributes)
+        if conversation is None and agent is None:
+            continue
+        context = contexts.setdefault(span.trace_id, TraceContext())
+        context.conversation_id = context.conversation_id or conversation
+        context.agent = context.agent or agent
+    return contexts
+
+
+def _attribute(span: DecodedSpan, key: str) -> str | None:
+    value = span.attributes.get(key)
+    return value if isinstance(value, str) else None
+
+
+def _is_step(span: DecodedSpan) -> bool:
+    return (
+        _attribute(span, GEN_AI_OPERATION_NAME) in _NOT_TURN_OPERATIONS
+        or _attribute(span, openinference.SPAN_KIND) in _NOT_TURN_KINDS
+        or _attribute(span, openllmetry.SPAN_KIND) == "tool"
+    )
+
+
+@dataclass(slots=True)
+class Content:
+    user: str | None = None
+    answer: str | None = None
+    user_from_body: bool = False
+    answer_from_body: bool = False
+
+    @property
+    def empty(self) -> bool:
+        return self.user is None and self.answer is None
+
+
+def content(span: DecodedSpan) -> Content:
+    """The user's text and the answer's text of one span: structured messages first, bodies only as a fallback."""
+    found = Content()
+    for readers, from_body in ((STRUCTURED, False), (BODIES, True)):
+        for reader in readers:
+            user, answer = reader(span)
+            if found.user is None and user is not None:
+                found.user, found.user_from_body = user, from_body
+            if found.answer is None and answer is not None:
+                found.answer, found.answer_from_body = answer, from_body
+            if found.user is not None and found.answer is not None:
+                return found
+    return found
+
+
+def extract(span: DecodedSpan, traces: dict[str, TraceContext] | None = None) -> ConversationEvent | None:
+    """The span's conversation event; `traces` (from `trace_contexts` over the span's record) lends ids and names."""
+    attributes = span.attributes
+    context = traces.get(span.trace_id) if traces else None
+    conversation = conversation_id(attributes) or (context.conversation_id if context else None)
+    if conversation is None:
+        return None
+    named = agent_name(attributes) or (context.agent if context else None)
+    event = ConversationEvent(
+        conversation_id=conversation,
+        agent=clean_agent(named or service_name(span.resource)),
+        ended=genai.ended(span),
+        feedback=genai.feedback(span),
+        agent_named=named is not None,
+    )
+    if not _is_step(span):
+        found = content(span)
+        is_call = (
+            _attribute(span, GEN_AI_OPERATION_NAME) in _CALL_OPERATIONS
+            or _attribute(span, openinference.SPAN_KIND) == "LLM"
+        )
+        if not found.empty or is_call:
+            event.turn = turn_from_span(
+                span,
+                found.user,
+                found.answer,
+                attributes.get(TURN_INDEX),
+                input_from_body=found.user_from_body,
+                output_from_body=found.answer_from_body,
+            )
+    if event.turn is None and not event.ended and event.feedback is None:
+        return None
+    if event.turn is None and not event.agent_named:
+        event.agent = None  # a marker names no agent of its own: the conversation's agent stands
+    return event

@@ -22,6 +22,9 @@ class Turn:
     output: str | None
     is_error: bool = False
     index: int | None = None
+    # Text parsed out of a raw body (input.value, traceloop.entity.*) yields to structured messages when nested.
+    input_from_body: bool = False
+    output_from_body: bool = False
 
     @property
     def judgeable(self) -> bool:
@@ -49,6 +52,7 @@ class ConversationEvent:
     turn: Turn | None = None
     ended: bool = False
     feedback: Feedback | None = None
+    agent_named: bool = True  # False: only the resource's service.name was there
 
 
 def clean_agent(value: Any) -> str | None:
@@ -66,68 +70,50 @@ def as_text(value: Any) -> str | None:
     return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
 
 
-def messages_text(value: Any, roles: frozenset[str], *, last_only: bool) -> str | None:
-    """Text of GenAI-convention messages (`parts` or plain `content`) with the given roles."""
-    if value is None:
-        return None
-    messages = value
-    if isinstance(value, str):
-        try:
-            messages = json.loads(value)
-        except ValueError:
-            return value
-    if isinstance(messages, dict):
-        messages = [messages]
-    if not isinstance(messages, list):
-        return as_text(messages)
-    texts: list[str] = []
-    for message in messages:
-        if not isinstance(message, dict):
-            continue
-        role = message.get("role")
-        if role is not None and role not in roles:
-            continue
-        text = _message_content(message)
-        if text:
-            texts.append(text)
-    if not texts:
-        return None
-    return texts[-1] if last_only else "\n".join(texts)
-
-
-def _message_content(message: dict[str, Any]) -> str:
-    parts = message.get("parts")
-    if isinstance(parts, list):
-        out = []
-        for part in parts:
-            if isinstance(part, dict):
-                content = part.get("content", part.get("text"))
-                if isinstance(content, str):
-                    out.append(content)
-        return "".join(out)
-    content = message.get("content")
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(p.get("text", "") for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
-    return ""
-
-
-def indexed_messages(
-    attributes: dict[str, Any], prefix: str, role_key: str, content_key: str
-) -> list[tuple[str | None, str]]:
-    """Flattened message lists (`<prefix>N.<role_key>`, `<prefix>N.<content_key>`) as (role, content) in N order."""
+def indexed_messages(attributes: dict[str, Any], prefix: str, role_key: str, content_key: str) -> list[dict[str, Any]]:
+    """Flattened message lists as messages in N order: `<prefix>N.<role_key>`, `<prefix>N.<content_key>` and
+    OpenInference's `<prefix>N.message.contents.M.message_content.{type,text}` parts."""
     found: dict[int, dict[str, Any]] = {}
+    contents_key = content_key + "s."
     for key, value in attributes.items():
         if not key.startswith(prefix):
             continue
         index, _, rest = key[len(prefix) :].partition(".")
-        if index.isdigit() and rest in (role_key, content_key):
-            found.setdefault(int(index), {})[rest] = value
-    return [(m.get(role_key), m[content_key]) for _, m in sorted(found.items()) if isinstance(m.get(content_key), str)]
+        if not index.isdigit():
+            continue
+        message = found.setdefault(int(index), {"parts": {}})
+        if rest == role_key:
+            message["role"] = value
+        elif rest == content_key:
+            message["content"] = value
+        elif rest.startswith(contents_key):
+            part, _, field = rest[len(contents_key) :].partition(".")
+            if part.isdigit():
+                message["parts"].setdefault(int(part), {})[field.rpartition(".")[2]] = value
+    messages = []
+    for _, message in sorted(found.items()):
+        parts = [part for _, part in sorted(message.pop("parts").items())]
+        content = message.get("content")
+        if isinstance(content, str) and content[:1] == "[":  # OpenLLMetry serialises list content as JSON
+            try:
+                content = json.loads(content)
+            except ValueError:
+                pass
+        if content is None and parts:
+            content = parts
+        messages.append({"role": message.get("role"), "content": content})
+    return messages
 
 
-def turn_from_span(span: DecodedSpan, input_text: str | None, output_text: str | None, index: Any = None) -> Turn:
+def turn_from_span(
+    span: DecodedSpan,
+    input_text: str | None,
+    output_text: str | None,
+    index: Any = None,
+    *,
+    input_from_body: bool = False,
+    output_from_body: bool = False,
+) -> Turn:
     return Turn(
         span_id=span.span_id,
         trace_id=span.trace_id,
@@ -138,4 +124,6 @@ def turn_from_span(span: DecodedSpan, input_text: str | None, output_text: str |
         output=output_text,
         is_error=span.is_error,
         index=index if isinstance(index, int) and not isinstance(index, bool) and index >= 0 else None,
+        input_from_body=input_from_body,
+        output_from_body=output_from_body,
     )

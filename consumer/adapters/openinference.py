@@ -1,35 +1,24 @@
-"""OpenInference (Arize Phoenix) spans: session.id, input.value/output.value, llm.input_messages.N.*."""
+"""OpenInference (Arize Phoenix): `llm.input_messages.N.message.*` (also `message.contents.M.message_content.text`)
+first, `input.value`/`output.value` bodies only when no messages exist."""
 
 from __future__ import annotations
 
 from ..decode import DecodedSpan
-from ._base import ConversationEvent, as_text, clean_agent, indexed_messages, turn_from_span
+from ._base import indexed_messages
+from ._text import answer_text, exchange_input, input_from_body, output_from_body
 
-SESSION_ID = "session.id"
+Content = tuple[str | None, str | None]
+SPAN_KIND = "openinference.span.kind"
 
 
-def extract(span: DecodedSpan) -> ConversationEvent | None:
+def messages(span: DecodedSpan) -> Content:
     attributes = span.attributes
-    session = attributes.get(SESSION_ID)
-    if session is None:
-        return None
-    user = as_text(attributes.get("input.value"))
-    if user is None:
-        messages = [
-            c
-            for role, c in indexed_messages(attributes, "llm.input_messages.", "message.role", "message.content")
-            if role in (None, "user")
-        ]
-        user = messages[-1] if messages else None
-    answer = as_text(attributes.get("output.value"))
-    if answer is None:
-        messages = [
-            c for _, c in indexed_messages(attributes, "llm.output_messages.", "message.role", "message.content")
-        ]
-        answer = "\n".join(messages) if messages else None
-    if user is None and answer is None:
-        return None
-    agent = attributes.get("agent.name") or attributes.get("graph.node.name") or span.resource.get("service.name")
-    return ConversationEvent(
-        conversation_id=str(session), agent=clean_agent(agent), turn=turn_from_span(span, user, answer)
+    return (
+        exchange_input(indexed_messages(attributes, "llm.input_messages.", "message.role", "message.content")),
+        answer_text(indexed_messages(attributes, "llm.output_messages.", "message.role", "message.content")),
     )
+
+
+def bodies(span: DecodedSpan) -> Content:
+    attributes = span.attributes
+    return input_from_body(attributes.get("input.value")), output_from_body(attributes.get("output.value"))

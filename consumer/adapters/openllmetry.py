@@ -1,35 +1,27 @@
-"""OpenLLMetry (Traceloop) spans: gen_ai.prompt.N.* / gen_ai.completion.N.*, traceloop.association.properties.*."""
+"""OpenLLMetry (Traceloop): `gen_ai.prompt.N.*`/`gen_ai.completion.N.*` (before 0.55; later releases write
+`gen_ai.input.messages`, read by the GenAI reader) first, `traceloop.entity.input`/`output` bodies as a fallback."""
 
 from __future__ import annotations
 
 from ..decode import DecodedSpan
-from ._base import ConversationEvent, as_text, clean_agent, indexed_messages, turn_from_span
+from ._base import indexed_messages
+from ._text import answer_text, exchange_input, input_from_body, output_from_body
 
-ASSOCIATION = "traceloop.association.properties."
-SESSION_KEYS = tuple(ASSOCIATION + k for k in ("session_id", "conversation_id", "thread_id", "chat_id"))
+Content = tuple[str | None, str | None]
+SPAN_KIND = "traceloop.span.kind"
 
 
-def extract(span: DecodedSpan) -> ConversationEvent | None:
+def messages(span: DecodedSpan) -> Content:
     attributes = span.attributes
-    session = next((attributes[k] for k in SESSION_KEYS if k in attributes), None)
-    if session is None:
-        return None
-    prompts = [
-        content
-        for role, content in indexed_messages(attributes, "gen_ai.prompt.", "role", "content")
-        if role in (None, "user")
-    ]
-    completions = [content for _, content in indexed_messages(attributes, "gen_ai.completion.", "role", "content")]
-    user = prompts[-1] if prompts else as_text(attributes.get("traceloop.entity.input"))
-    answer = "\n".join(completions) if completions else as_text(attributes.get("traceloop.entity.output"))
-    if user is None and answer is None:
-        return None
-    agent = (
-        attributes.get(ASSOCIATION + "agent")
-        or attributes.get("traceloop.workflow.name")
-        or attributes.get("traceloop.entity.name")
-        or span.resource.get("service.name")
+    return (
+        exchange_input(indexed_messages(attributes, "gen_ai.prompt.", "role", "content")),
+        answer_text(indexed_messages(attributes, "gen_ai.completion.", "role", "content")),
     )
-    return ConversationEvent(
-        conversation_id=str(session), agent=clean_agent(agent), turn=turn_from_span(span, user, answer)
+
+
+def bodies(span: DecodedSpan) -> Content:
+    attributes = span.attributes
+    return (
+        input_from_body(attributes.get("traceloop.entity.input")),
+        output_from_body(attributes.get("traceloop.entity.output")),
     )

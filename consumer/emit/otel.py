@@ -14,7 +14,7 @@ from opentelemetry._logs import LoggerProvider
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode, TraceFlags, TracerProvider
 
 from tracejudge.metrics import MetricResult
-from tracejudge.tracer._semconv import ERROR_TYPE, GEN_AI_AGENT_NAME, GEN_AI_CONVERSATION_ID
+from tracejudge.tracer.semconv import ERROR_TYPE, GEN_AI_AGENT_NAME, GEN_AI_CONVERSATION_ID
 
 from ..pool import Judgement
 from ..results import result_id
@@ -47,6 +47,8 @@ def evaluation_attributes(judgement: Judgement, result: MetricResult) -> dict[st
         GEN_AI_AGENT_NAME: job.agent,
         "gen_ai.evaluation.explanation": result.reason,
     }
+    if result.rubric_version is not None:
+        attributes["tracejudge.evaluation.rubric_version"] = result.rubric_version
     if result.score is not None:
         attributes["gen_ai.evaluation.score.value"] = result.score
     if result.verdict is not None:

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from tracejudge.metrics import MetricResult
+from tracejudge.metrics.calibration import HallucinationCalibration, corrected_rate
 from tracejudge.metrics.conversational_flow import CONVERSATIONAL_FLOW_WEIGHTS
 from tracejudge.metrics.failure_rate import FAILURE_RATE_WEIGHTS
 
@@ -92,6 +96,19 @@ class _Windows(Collector):
                     out[key] = sum(v for _, v in window) / len(window)
         return out
 
+    def hallucination_counts(self, now: float | None = None) -> dict[str, tuple[int, int]]:
+        """Per agent (hallucination verdicts, judged conversations) over the same window as the rate."""
+        now = time.monotonic() if now is None else now
+        cutoff = now - self.window_seconds
+        out: dict[str, tuple[int, int]] = {}
+        with self._lock:
+            for agent, window in self._hallucinations.items():
+                while window and window[0][0] < cutoff:
+                    window.popleft()
+                if window:
+                    out[agent] = (int(sum(v for _, v in window)), len(window))
+        return out
+
     def values(self, now: float | None = None) -> tuple[dict[str, float], dict[str, float]]:
         now = time.monotonic() if now is None else now
         cutoff = now - self.window_seconds
@@ -134,11 +151,60 @@ class _Windows(Collector):
         )
 
 
+class _CorrectedHallucinationRates(Collector):
+    """tracejudge_hallucination_rate_corrected{,_lower,_upper}: the window's hallucination share corrected for the
+    judge's measured sensitivity and specificity (Rogan–Gladen), with a 95 % interval; only with --calibration."""
+
+    NAMES = (
+        "tracejudge_hallucination_rate_corrected",
+        "tracejudge_hallucination_rate_corrected_lower",
+        "tracejudge_hallucination_rate_corrected_upper",
+    )
+
+    def __init__(self, windows: _Windows, calibration: HallucinationCalibration) -> None:
+        self.windows = windows
+        self.calibration = calibration
+
+    def describe(self) -> Iterator[Metric]:
+        for name in self.NAMES:
+            yield GaugeMetricFamily(name, "", labels=["agent"])
+
+    def collect(self) -> Iterator[Metric]:
+        rates = {
+            agent: corrected_rate(positives, n, self.calibration)
+            for agent, (positives, n) in self.windows.hallucination_counts().items()
+        }
+        helps = (
+            "Hallucination share corrected for judge error (Rogan-Gladen) over the same window as the raw rate",
+            "Lower end of the corrected hallucination share's 95% interval (window size and calibration counts)",
+            "Upper end of the corrected hallucination share's 95% interval (window size and calibration counts)",
+        )
+        for name, documentation, field in zip(self.NAMES, helps, ("estimate", "lower", "upper"), strict=True):
+            yield _gauge(name, documentation, ["agent"], {(agent,): getattr(r, field) for agent, r in rates.items()})
+
+
 def _gauge(name: str, documentation: str, labels: list[str], values: dict[tuple[str, ...], float]) -> Metric:
     family = GaugeMetricFamily(name, documentation, labels=labels)
     for label_values, value in values.items():
         family.add_metric(list(label_values), value)
     return family
+
+
+_TRACE_ID = re.compile(r"[0-9a-f]{1,32}")
+_SPAN_ID = re.compile(r"[0-9a-f]{1,16}")
+
+
+def trace_exemplar(trace_id: str, span_id: str) -> dict[str, str] | None:
+    """OpenMetrics exemplar labels pointing at the judged conversation's last turn span, exactly the ids the
+    `evaluate {metric}` span gets as its parent (a short id left-padded with zeros, as OpenTelemetry does); None for
+    ids that are not valid W3C ids (an adapter without them must not break the metric)."""
+    trace_id, span_id = (trace_id or "").lower(), (span_id or "").lower()
+    if not _TRACE_ID.fullmatch(trace_id) or not _SPAN_ID.fullmatch(span_id):
+        return None
+    trace_id, span_id = trace_id.zfill(32), span_id.zfill(16)
+    if trace_id == "0" * 32 or span_id == "0" * 16:
+        return None
+    return {"trace_id": trace_id, "span_id": span_id}
 
 
 def family_total(registry: CollectorRegistry, family: str, suffix: str = "_total", **labels: str) -> float:
@@ -162,18 +228,21 @@ class ConsumerMetrics:
         max_agents: int = 200,
         window_sessions: int = 100,
         window_seconds: float = 900.0,
+        calibration: HallucinationCalibration | None = None,
     ) -> None:
         self.registry = registry
         self.agent_label = AgentLabels(max_agents)
         self.windows = _Windows(window_sessions, window_seconds)
         registry.register(self.windows)
+        if calibration is not None:
+            registry.register(_CorrectedHallucinationRates(self.windows, calibration))
         self.verdicts = Counter(
             "tracejudge_verdicts_total", "Every verdict", ["agent", "metric", "verdict"], registry=registry
         )
         self.score = Histogram(
             "tracejudge_score", "Judge scores", ["agent", "metric"], buckets=SCORE_BUCKETS, registry=registry
         )
-        self.sessions = Counter(
+        self.conversations = Counter(  # the pinned metric name says sessions; it counts conversations
             "tracejudge_sessions_total", "Conversations by outcome", ["agent", "outcome"], registry=registry
         )
         self.judge_errors = Counter(
@@ -191,14 +260,25 @@ class ConsumerMetrics:
         )
         self.judge_tokens = Counter(
             "tracejudge_judge_tokens_total",
-            "Judge tokens: input (not cached), cached_input, output",
+            "Judge tokens: input (neither read from nor written to a cache), cached_input, cache_write, output",
             ["metric", "model", "direction"],
             registry=registry,
         )
         self.sessions_open = Gauge("tracejudge_sessions_open", "Conversations being assembled", registry=registry)
         self.in_flight = Gauge("tracejudge_judgements_in_flight", "Judge calls under way", registry=registry)
         self.records = Counter("tracejudge_records_total", "Kafka records by outcome", ["outcome"], registry=registry)
-        self.lag = Gauge("tracejudge_consumer_lag", "Records behind the log end", ["partition"], registry=registry)
+        self.lag = Gauge(
+            "tracejudge_consumer_lag",
+            "Records behind the log end: high watermark minus the consumer's position",
+            ["partition"],
+            registry=registry,
+        )
+        self.output_errors = Counter(
+            "tracejudge_output_errors_total",
+            "Failed writes to an output (each retried; a result not written keeps its offset uncommitted)",
+            ["output"],
+            registry=registry,
+        )
         self.feedback = Counter(
             "tracejudge_feedback_total", "Human feedback by polarity", ["agent", "feedback"], registry=registry
         )
@@ -208,8 +288,16 @@ class ConsumerMetrics:
             ["agent", "metric", "judge", "human"],
             registry=registry,
         )
+        self.judge_info = Gauge(
+            "tracejudge_judge_info",
+            "1 for every judge this consumer runs: its model and rubric version (join on it; a change is a new judge)",
+            ["metric", "model", "rubric_version"],
+            registry=registry,
+        )
         for outcome in ("ok", "malformed"):
             self.records.labels(outcome=outcome)
+        for output in ("results_topic", "dead_letter"):
+            self.output_errors.labels(output=output)
         self._seen_agents: set[str] = set()
 
     def _agent(self, agent: str) -> str:
@@ -221,33 +309,46 @@ class ConsumerMetrics:
                 for verdict in verdicts:
                     self.verdicts.labels(agent=label, metric=metric, verdict=verdict)
             for outcome in OUTCOMES:
-                self.sessions.labels(agent=label, outcome=outcome)
+                self.conversations.labels(agent=label, outcome=outcome)
             for polarity in ("positive", "negative"):
                 self.feedback.labels(agent=label, feedback=polarity)
         return label
 
+    def record_judges(self, judges: Iterable[Any]) -> None:
+        """tracejudge_judge_info = 1 for each judge (anything with `name`, `model_name` and `rubric_version`)."""
+        for judge in judges:
+            labels = {"metric": judge.name, "model": judge.model_name, "rubric_version": judge.rubric_version}
+            self.judge_info.labels(**labels).set(1)
+
     def record_judgement(self, judgement: Judgement) -> None:
         agent = self._agent(judgement.job.agent)
-        self.sessions.labels(agent=agent, outcome=judgement.outcome).inc()
+        self.conversations.labels(agent=agent, outcome=judgement.outcome).inc()
         for result in judgement.results:
             self.judge_latency.labels(metric=result.name).observe(result.latency_s)
             if result.cost_usd:
                 self.judge_cost.labels(metric=result.name, model=result.model).inc(result.cost_usd)
-            cached = result.cached_input_tokens or 0
-            if result.input_tokens:
-                uncached = max(0, result.input_tokens - cached)
-                self.judge_tokens.labels(metric=result.name, model=result.model, direction="input").inc(uncached)
-            if cached:
-                self.judge_tokens.labels(metric=result.name, model=result.model, direction="cached_input").inc(cached)
-            if result.output_tokens:
-                tokens = self.judge_tokens.labels(metric=result.name, model=result.model, direction="output")
-                tokens.inc(result.output_tokens)
+            self._record_tokens(result)
             if result.error is not None or result.score is None or result.verdict is None:
                 self.judge_errors.labels(metric=result.name, reason=result.error_kind or "unknown").inc()
                 continue
-            self.verdicts.labels(agent=agent, metric=result.name, verdict=result.verdict).inc()
-            self.score.labels(agent=agent, metric=result.name).observe(result.score)
+            exemplar = trace_exemplar(judgement.job.last_turn.trace_id, judgement.job.last_turn.span_id)
+            self.verdicts.labels(agent=agent, metric=result.name, verdict=result.verdict).inc(exemplar=exemplar)
+            self.score.labels(agent=agent, metric=result.name).observe(result.score, exemplar=exemplar)
             self.windows.add(result.name, agent, result.score, result.verdict)
+
+    def _record_tokens(self, result: MetricResult) -> None:
+        """`input_tokens` holds every prompt token; cache reads and cache writes are parts of it, each counted once."""
+        cached = result.cached_input_tokens or 0
+        written = result.cache_write_input_tokens or 0
+        counts = {
+            "input": max(0, (result.input_tokens or 0) - cached - written),
+            "cached_input": cached,
+            "cache_write": written,
+            "output": result.output_tokens or 0,
+        }
+        for direction, count in counts.items():
+            if count:
+                self.judge_tokens.labels(metric=result.name, model=result.model, direction=direction).inc(count)
 
     def record_feedback(self, agent: str, *, negative: bool) -> None:
         label = self._agent(agent)
@@ -266,3 +367,17 @@ class ConsumerMetrics:
 
     def record_records(self, outcome: str, count: int = 1) -> None:
         self.records.labels(outcome=outcome).inc(count)
+
+    def record_output_error(self, output: str) -> None:
+        self.output_errors.labels(output=output).inc()
+
+    def set_lag(self, partition: int, behind: int) -> None:
+        self.lag.labels(partition=str(partition)).set(max(0, behind))
+
+    def forget_partitions(self, partitions: set[int]) -> None:
+        """Revoked partitions: their lag series go (another consumer reports them now)."""
+        for partition in partitions:
+            try:
+                self.lag.remove(str(partition))
+            except KeyError:
+                pass

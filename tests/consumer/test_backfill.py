@@ -6,10 +6,11 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
-from kafka import KafkaProducer
+from kafka import KafkaConsumer, KafkaProducer
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.trace import TracerProvider
 
@@ -146,3 +147,121 @@ def test_backfill_bad_arguments_exit_2() -> None:
         )
         assert completed.returncode == 2, completed.stderr
         assert completed.stderr.startswith("tracejudge backfill:")
+
+
+# Windows for a backfill partition, each tested: records in the range (read to the end: the range tests above);
+# no record at or after --from (nothing to read, nothing scanned); a partition that never delivers (reading stops after
+# MAX_IDLE_POLLS empty polls, the partition is reported, exit 1); a judgement whose result sink raises (counted, the
+# backfill still finishes).
+
+
+def backfill_args(broker: EmbeddedBroker, topic: str, start_ms: int, end_ms: int) -> list[str]:
+    return [
+        "backfill",
+        "--from",
+        str(start_ms / 1000),
+        "--to",
+        str(end_ms / 1000),
+        "--bootstrap-servers",
+        broker.bootstrap_servers,
+        "--topic",
+        topic,
+        "--metrics",
+        "failure_rate",
+    ]
+
+
+def run_in_process(argv: list[str], summary: Path, timeout_s: float = 90.0) -> tuple[int | None, dict]:
+    """run_backfill in a thread: a hang shows as a timeout instead of blocking the suite."""
+    from tracejudge.consumer.backfill import run_backfill
+    from tracejudge.consumer.cli import build_parser
+
+    outcome: list[int] = []
+    namespace = build_parser().parse_args(argv)
+    worker = threading.Thread(target=lambda: outcome.append(run_backfill(namespace)), daemon=True)
+    worker.start()
+    worker.join(timeout_s)
+    assert not worker.is_alive(), f"backfill still running after {timeout_s} s"
+    return (outcome[0] if outcome else None), json.loads(summary.read_text())
+
+
+def test_backfill_reads_nothing_when_nothing_is_after_from(
+    broker: EmbeddedBroker, topic: str, judge_server: JudgeServer, tmp_path: Path
+) -> None:
+    judge_server.responder = scripted_judge
+    tracer = TracerProvider().get_tracer("backfill")
+    now_ms = int(time.time() * 1000)
+    producer = KafkaProducer(bootstrap_servers=broker.bootstrap_servers)
+    for i in range(30):  # all of them before the range, on every partition
+        value = conversation_record(tracer, f"old-{i}", 1, ended=True)
+        producer.send(topic, key=f"old-{i}".encode(), value=value, timestamp_ms=now_ms - HOUR_MS)
+    producer.flush()
+    producer.close()
+    summary = tmp_path / "summary.json"
+    env_before = os.environ.get("TRACEJUDGE_BACKFILL_SUMMARY")
+    os.environ["TRACEJUDGE_BACKFILL_SUMMARY"] = str(summary)
+    try:
+        started = time.monotonic()
+        # The range is after every record (by any clock: create or append time), so there is nothing to read.
+        code, report = run_in_process(backfill_args(broker, topic, now_ms + HOUR_MS, now_ms + 2 * HOUR_MS), summary)
+        took = time.monotonic() - started
+    finally:
+        if env_before is None:
+            os.environ.pop("TRACEJUDGE_BACKFILL_SUMMARY", None)
+        else:
+            os.environ["TRACEJUDGE_BACKFILL_SUMMARY"] = env_before
+    assert code == 0 and report["scanned"] == 0 and report["records"] == 0 and report["unread_partitions"] == []
+    assert judge_server.requests == []
+    print(f"\nbackfill, nothing after --from: 30 records on the topic, {report['scanned']} scanned, {took:.1f} s")
+
+
+class RaisingSink:
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def emit(self, judgement: object) -> None:
+        self.calls += 1
+        raise RuntimeError("the warehouse is down")
+
+
+class StuckPartitionConsumer(KafkaConsumer):
+    """A real consumer whose partition 2 never delivers (as when its leader does not answer)."""
+
+    def assign(self, partitions):  # type: ignore[no-untyped-def]
+        super().assign(partitions)
+        stuck = [tp for tp in partitions if tp.partition == 2]
+        if stuck:
+            self.pause(*stuck)
+
+
+def test_backfill_finishes_when_a_sink_raises_and_reports_unread_partitions(
+    broker: EmbeddedBroker, topic: str, judge_server: JudgeServer, tmp_path: Path, monkeypatch
+) -> None:
+    import kafka
+
+    from tracejudge.consumer import app, backfill
+
+    judge_server.responder = scripted_judge
+    tracer = TracerProvider().get_tracer("backfill")
+    now_ms = int(time.time() * 1000)
+    start_ms, end_ms = now_ms - 3 * HOUR_MS, now_ms - HOUR_MS
+    producer = KafkaProducer(bootstrap_servers=broker.bootstrap_servers)
+    for partition in range(3):
+        for i in range(2):
+            name = f"in-{partition}-{i}"
+            value = conversation_record(tracer, name, 1, ended=True)
+            producer.send(topic, value=value, partition=partition, timestamp_ms=start_ms + 60_000)
+    producer.flush()
+    producer.close()
+    sink = RaisingSink()
+    monkeypatch.setattr(app, "build_outputs", lambda *a, **k: app.Outputs([sink]))
+    monkeypatch.setattr(kafka, "KafkaConsumer", StuckPartitionConsumer)
+    monkeypatch.setattr(backfill, "MAX_IDLE_POLLS", 3)
+    summary = tmp_path / "summary.json"
+    monkeypatch.setenv("TRACEJUDGE_BACKFILL_SUMMARY", str(summary))
+    code, report = run_in_process(backfill_args(broker, topic, start_ms, end_ms), summary)
+    assert code == backfill.EXIT_INCOMPLETE == 1
+    assert report["unread_partitions"] == [2]
+    assert report["judged"] == 4 and sink.calls == 4 and report["sink_errors"] == 4
+    unread = report["unread_partitions"]
+    print(f"\nbackfill: a sink raised on all {sink.calls} judgements, finished; unread {unread}, exit {code}")

@@ -12,11 +12,12 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
-from tests.conftest import require_binary
+from tests.conftest import missing_part, require_binary
 from tracejudge.consumer.emit.prometheus import ConsumerMetrics
 from tracejudge.consumer.feedback import Agreement
 from tracejudge.consumer.pool import Judgement
-from tracejudge.metrics import MetricResult
+from tracejudge.metrics import FailureRateMetric, MetricResult
+from tracejudge.metrics.calibration import HallucinationCalibration
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -50,7 +51,8 @@ def exported_metric_names() -> set[str]:
     from tests.consumer.test_outputs import job
 
     registry = CollectorRegistry()
-    metrics = ConsumerMetrics(registry)
+    # With --calibration the corrected hallucination series exist too (the dashboard has a panel for them).
+    metrics = ConsumerMetrics(registry, calibration=HallucinationCalibration.from_counts(tp=9, fn=1, tn=18, fp=2))
     result = MetricResult(
         name="failure_rate",
         verdict="stall",
@@ -67,6 +69,7 @@ def exported_metric_names() -> set[str]:
     metrics.record_judgement(Judgement(job("c"), "judged", [result, flow]))
     metrics.record_judgement(Judgement(job("d"), "failed", [error]))
     metrics.lag.labels(partition="0").set(1)
+    metrics.record_judges([FailureRateMetric("m")])
     metrics.record_feedback("a", negative=True)
     metrics.record_agreement(Agreement("a", "failure_rate", judge_passed=True, human_positive=False))
     return {sample.name for family in registry.collect() for sample in family.samples}
@@ -255,3 +258,71 @@ def test_dashboard_expressions_parse(expr: str) -> None:
         timeout=60,
     )
     assert completed.returncode == 0, completed.stdout + completed.stderr
+
+
+def test_exemplars_are_stored_and_link_to_tempo() -> None:
+    """Prometheus keeps exemplars (compose flag), Grafana maps `trace_id` to Tempo, the two panels ask for them."""
+    command = compose()["services"]["prometheus"]["command"]
+    assert "--enable-feature=exemplar-storage" in command
+    assert "exemplar-storage" in (DEPLOY / "k8s" / "podmonitor.yaml").read_text()
+    datasources = yaml.safe_load((DEPLOY / "grafana/provisioning/datasources/datasources.yml").read_text())
+    by_type = {d["type"]: d for d in datasources["datasources"]}
+    destinations = by_type["prometheus"]["jsonData"]["exemplarTraceIdDestinations"]
+    assert {"name": "trace_id", "datasourceUid": by_type["tempo"]["uid"]} in destinations
+    panels = {p["title"]: p for p in dashboard()["panels"]}
+    for title in ("Hallucination rate per agent", "Verdict mix over time"):
+        exemplar_targets = [t for t in panels[title]["targets"] if t.get("exemplar") is True]
+        assert any("tracejudge_verdicts_total" in t["expr"] for t in exemplar_targets), title
+    hallucination = next(t for t in panels["Hallucination rate per agent"]["targets"] if t.get("exemplar"))
+    assert 'verdict="hallucination"' in hallucination["expr"] and "$agent" in hallucination["expr"]
+
+
+def test_judge_change_annotation_uses_judge_info() -> None:
+    promtool = require_binary("promtool")
+    annotations = dashboard()["annotations"]["list"]
+    judge = next(a for a in annotations if "tracejudge_judge_info" in a["expr"])
+    assert metric_names_in(judge["expr"]) <= exported_metric_names()
+    assert "rubric_version" in judge["expr"] and "rubric_version" in judge["textFormat"]
+    rule = {"groups": [{"name": "annotation", "rules": [{"record": "dashboard:annotation", "expr": judge["expr"]}]}]}
+    completed = subprocess.run(
+        [promtool, "check", "rules", "/dev/stdin"], input=yaml.safe_dump(rule), capture_output=True, text=True
+    )
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+
+
+def test_spike_alert_tells_the_responder_where_to_look() -> None:
+    rules = yaml.safe_load((DEPLOY / "prometheus" / "alerts.yml").read_text())
+    spike = next(r for g in rules["groups"] for r in g["rules"] if r.get("alert") == "TracejudgeHallucinationSpike")
+    annotations = spike["annotations"]
+    assert annotations["summary"] and "$value" in annotations["hallucination_share"]
+    assert "/d/tracejudge" in annotations["dashboard"] and "var-agent={{ $labels.agent" in annotations["dashboard"]
+
+
+def require_amtool() -> str:
+    import shutil
+
+    path = shutil.which("amtool")
+    if path is None:
+        missing_part("amtool (apt-get install -y prometheus-alertmanager)")
+    assert path is not None
+    return path
+
+
+def test_alertmanager_config_checks_and_routes_by_severity() -> None:
+    amtool = require_amtool()
+    config = DEPLOY / "alertmanager" / "alertmanager.yml"
+    completed = subprocess.run([amtool, "check-config", str(config)], capture_output=True, text=True, timeout=60)
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    route = yaml.safe_load(config.read_text())["route"]
+    assert "agent" in route["group_by"]
+    matchers = [m for r in route["routes"] for m in r["matchers"]]
+    assert 'severity="page"' in matchers and 'severity="ticket"' in matchers
+    text = config.read_text()
+    assert "slack_configs" in text and "pagerduty_configs" in text
+    severities = {
+        r["labels"]["severity"]
+        for g in yaml.safe_load((DEPLOY / "prometheus" / "alerts.yml").read_text())["groups"]
+        for r in g["rules"]
+        if "alert" in r
+    }
+    assert severities <= {"page", "ticket"}, severities

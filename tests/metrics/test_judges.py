@@ -23,9 +23,9 @@ from tracejudge.metrics import (
     evaluate_conversations,
 )
 from tracejudge.metrics._llm import litellm_model_string
-from tracejudge.metrics._transcript import END, START, render_transcript
 from tracejudge.metrics.conversational_flow import CONVERSATIONAL_FLOW_WEIGHTS
 from tracejudge.metrics.failure_rate import FAILURE_RATE_WEIGHTS
+from tracejudge.metrics.transcript import END, START, render_transcript
 
 ROOT = Path(__file__).resolve().parents[2]
 CONVERSATION = ConversationalEvalTestCase(
@@ -175,7 +175,8 @@ async def test_request_shape_static_system_prompt_and_json_mode(judge_server: Ju
         first["messages"][0]["role"] == "system"
         and "And the Mariana Trench depth?" not in first["messages"][0]["content"]
     )
-    assert first["temperature"] == 0 and first["response_format"] == {"type": "json_object"}
+    assert first["temperature"] == 0 and first["response_format"] == FailureRateMetric.response_format()
+    assert first["response_format"]["type"] == "json_schema" and first["response_format"]["json_schema"]["strict"]
     user = conversation_text(first)
     assert START in user and END in user
     body = user.split(START, 1)[1].split(END, 1)[0]

@@ -11,6 +11,7 @@ from tests.support.judge_server import JudgeServer
 from tests.support.pipeline import RunningConsumer, consumer_settings, wait_for
 from tracejudge.consumer.embedded_broker import EmbeddedBroker
 from tracejudge.tracer import end_conversation, setup_tracing, traced_agent
+from tracejudge.tracer._batch import BoundedBatchSpanProcessor
 from tracejudge.tracer.setup import exporter_stats
 
 OUTAGE_S = 30.0
@@ -42,7 +43,9 @@ def test_broker_outage(judge_server: JudgeServer) -> None:
     errors: list[BaseException] = []
     queue_peak = [0]
     stop = threading.Event()
-    processor = next(p for p in provider._active_span_processor._span_processors)
+    processor = next(
+        p for p in provider._active_span_processor._span_processors if isinstance(p, BoundedBatchSpanProcessor)
+    )
 
     def application() -> None:
         n = 0
@@ -56,7 +59,7 @@ def test_broker_outage(judge_server: JudgeServer) -> None:
             except BaseException as exc:  # the application must never see one
                 errors.append(exc)
             worst[phase["name"]] = max(worst[phase["name"]], time.perf_counter() - started)
-            queue_peak[0] = max(queue_peak[0], len(processor._batch_processor._queue))
+            queue_peak[0] = max(queue_peak[0], processor.queued)
             time.sleep(0.002)
 
     collect = Collect()

@@ -5,21 +5,28 @@ from __future__ import annotations
 
 import json
 import random
+import time
+from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kafka import KafkaProducer
+from kafka.consumer.fetcher import ConsumerRecord
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
 from opentelemetry.sdk.trace import TracerProvider
+from prometheus_client import CollectorRegistry
 
 from tests.support.pipeline import RunningConsumer, consumer_settings, wait_for
-from tracejudge.consumer.adapters import extract
-from tracejudge.consumer.decode import MalformedRecord, decode_record
+from tracejudge.consumer.app import build_app
 from tracejudge.consumer.embedded_broker import EmbeddedBroker
-from tracejudge.consumer.sessions import SessionStore
+from tracejudge.consumer.pool import Judgement
+from tracejudge.consumer.results import result_record
+from tracejudge.consumer.service import ConsumerService
+from tracejudge.consumer.settings import Settings
+from tracejudge.metrics import MetricResult
 
 KEYS = [
     "gen_ai.conversation.id",
@@ -51,20 +58,37 @@ any_value = st.one_of(
 )
 
 
+_INGEST: dict[str, Any] = {}
+
+
+def ingest_service() -> ConsumerService:
+    """The real consumer service (build_app), not started: its ingest entry point is what the poll loop calls."""
+    if "service" not in _INGEST:
+        settings_ = Settings.from_options(
+            bootstrap_servers="127.0.0.1:9", topic="fuzz", metrics="failure_rate", max_turns_per_conversation=5
+        )
+        _INGEST["service"] = build_app(settings_, registry=CollectorRegistry(), serve_metrics=False).service
+        _INGEST["offset"] = 0
+    return _INGEST["service"]
+
+
 def fold(value: bytes) -> None:
-    """What the consumer does with one record: decode, adapt, assemble. Only MalformedRecord may escape."""
-    store = SessionStore(max_turns=5)
-    try:
-        spans = decode_record(value)
-    except MalformedRecord:
-        return
-    for span in spans:
-        event = extract(span)
-        if event is not None:
-            store.apply(event, 0, 0, 0.0)
-    store.expire_idle(1e9)
-    for job in store.take_ready():
-        job.judgeable_turns  # noqa: B018 - must not raise
+    """One record through the consumer's real ingest path; nothing may escape, and it is counted exactly once."""
+    service = ingest_service()
+    _INGEST["offset"] += 1
+    record = ConsumerRecord("fuzz", 0, -1, _INGEST["offset"], 0, 0, b"k", value, [], None, 1, len(value), 0)
+    counted = service.prometheus.records.labels(outcome="ok")._value.get()
+    counted += service.prometheus.records.labels(outcome="malformed")._value.get()
+    service._ingest(0, record, time.monotonic())
+    after = service.prometheus.records.labels(outcome="ok")._value.get()
+    after += service.prometheus.records.labels(outcome="malformed")._value.get()
+    assert after == counted + 1
+    service.store.expire_idle(time.monotonic() + 1e9)
+    for job in service.store.take_ready():  # what the judge and the outputs read must not raise either
+        job.judgeable_turns  # noqa: B018
+        result = MetricResult(name="failure_rate", threshold=0.5, model="m", score=1.0, verdict="honest_fallback")
+        json.dumps(result_record(Judgement(job, "judged", [result]), result))
+        service.store.finished(job, judged=False)
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -210,4 +234,224 @@ def test_ten_thousand_hostile_records(broker: EmbeddedBroker, topic: str) -> Non
     print(
         f"\nmalformed: {total} records counted, 10 MB record accepted by the broker: {big_accepted}, "
         f"RSS growth while consuming {growth_mb:.0f} MB"
+    )
+
+
+def otlp_json_turn(conversation: str, index: int, *, ended: bool = False, start_ns: Any = 1_700_000_000_000_000_000):
+    """A valid OTLP/JSON export of one turn (and the end marker): the template every hostile record mutates."""
+
+    def attr(key: str, value: dict) -> dict:
+        return {"key": key, "value": value}
+
+    attributes = [
+        attr("gen_ai.conversation.id", {"stringValue": conversation}),
+        attr("gen_ai.agent.name", {"stringValue": "poison"}),
+        attr("gen_ai.operation.name", {"stringValue": "invoke_agent"}),
+        attr("tracejudge.turn.index", {"intValue": str(index)}),
+        attr(
+            "gen_ai.input.messages",
+            {"stringValue": json.dumps([{"role": "user", "parts": [{"type": "text", "content": f"q{index}"}]}])},
+        ),
+        attr(
+            "gen_ai.output.messages",
+            {"stringValue": json.dumps([{"role": "assistant", "parts": [{"type": "text", "content": "a"}]}])},
+        ),
+    ]
+    spans = [
+        {
+            "traceId": "5b8efff798038103d269b633813fc60c",
+            "spanId": f"{index + 1:016x}",
+            "name": "invoke_agent poison",
+            "kind": 1,
+            "startTimeUnixNano": start_ns,
+            "endTimeUnixNano": start_ns,
+            "attributes": attributes,
+            "status": {"code": 0},
+        }
+    ]
+    if ended:
+        spans.append(
+            {
+                "traceId": "5b8efff798038103d269b633813fc60d",
+                "spanId": "00000000000000ff",
+                "name": "end_conversation",
+                "startTimeUnixNano": start_ns,
+                "endTimeUnixNano": start_ns,
+                "attributes": [
+                    attr("gen_ai.conversation.id", {"stringValue": conversation}),
+                    attr("tracejudge.conversation.ended", {"boolValue": True}),
+                ],
+            }
+        )
+    return {
+        "resourceSpans": [
+            {
+                "resource": {"attributes": [attr("service.name", {"stringValue": "poison-app"})]},
+                "scopeSpans": [{"scope": {"name": "fuzz"}, "spans": spans}],
+            }
+        ]
+    }
+
+
+DEEP = 5_000
+
+
+def deep_list(depth: int = DEEP) -> str:
+    return "[" * depth + "]" * depth
+
+
+def deep_dict(depth: int = DEEP) -> str:
+    return '{"a":' * depth + "1" + "}" * depth
+
+
+HOSTILE_VALUES: list[tuple[str, str]] = [
+    ("null", "null"),
+    ("true", "true"),
+    ("zero", "0"),
+    ("negative", "-1"),
+    ("huge int", "1" + "0" * 400),
+    ("too many digits", "9" * 5_000),
+    ("huge float", "1e308"),
+    ("overflowing float", "1e999"),
+    ("NaN", "NaN"),
+    ("Infinity", "Infinity"),
+    ("-Infinity", "-Infinity"),
+    ("empty string", '""'),
+    ("oversized string", json.dumps("x" * 200_000)),
+    ("lone surrogate", '"\\ud800"'),
+    ("not hex", '"zz-not-hex-or-base64!"'),
+    ("empty list", "[]"),
+    ("empty object", "{}"),
+    ("list of junk", '[1, "a", null, [], {}]'),
+    ("deep list", deep_list()),
+    ("deep object", deep_dict()),
+]
+
+
+def _paths(node: Any, path: tuple = ()) -> list[tuple]:
+    found = [path]
+    if isinstance(node, dict):
+        for key, value in node.items():
+            found += _paths(value, (*path, key))
+    elif isinstance(node, list):
+        for index, value in enumerate(node):
+            found += _paths(value, (*path, index))
+    return found
+
+
+def _replace(node: Any, path: tuple, marker: str) -> Any:
+    if not path:
+        return marker
+    copy = dict(node) if isinstance(node, dict) else list(node)
+    copy[path[0]] = _replace(node[path[0]], path[1:], marker)
+    return copy
+
+
+def hostile_records() -> list[tuple[str, bytes]]:
+    """Every node of a valid OTLP/JSON turn export (every level: the root, resourceSpans, a span, an attribute, a
+    value, a timestamp) replaced by every hostile value; plus the issue's {"resourceSpans": [[[[…]]]]}."""
+    template = otlp_json_turn("template", 0)
+    marker = "\u0000HOSTILE\u0000"
+    encoded_marker = json.dumps(marker)
+    records = [
+        ("resourceSpans nested thousands deep", ('{"resourceSpans": ' + deep_list(2_500) + "}").encode()),
+        (
+            "spans nested thousands deep",
+            json.dumps(template)
+            .replace('"spans": [', '"spans": ' + "[" * 3000 + "[", 1)
+            .replace("}]}]}", "}]" + "]" * 3000 + "}]}", 1)
+            .encode(),
+        ),
+    ]
+    for path in _paths(template):
+        text = json.dumps(_replace(template, path, marker))
+        for label, value in HOSTILE_VALUES:
+            records.append(
+                (f"{'/'.join(map(str, path)) or 'root'} = {label}", text.replace(encoded_marker, value).encode())
+            )
+    return records
+
+
+def test_hostile_records_through_the_ingest_path() -> None:
+    """Each hostile record, one by one, through the service's ingest entry point: counted once, nothing escapes."""
+    records = hostile_records()
+    service = ingest_service()
+    malformed_before = service.prometheus.records.labels(outcome="malformed")._value.get()
+    for _label, value in records:
+        fold(value)
+    malformed = service.prometheus.records.labels(outcome="malformed")._value.get() - malformed_before
+    assert len(records) > 900 and malformed > 200
+    fold(records[0][1])
+    assert service.prometheus.records.labels(outcome="malformed")._value.get() - malformed_before == malformed + 1
+
+
+def test_poison_records_never_stop_the_consumer(broker: EmbeddedBroker, topic: str, judge_server) -> None:
+    """The hostile records go through Kafka into the running consumer, then valid conversations (one with a
+    startTimeUnixNano far past year 9999): the consumer stays alive, counts every record once, dead-letters the
+    malformed ones, and judges the valid conversations after them."""
+    from tests.consumer.test_pipeline import scripted_judge
+    from tests.support.pipeline import read_all, result_records
+
+    judge_server.responder = scripted_judge
+    records = hostile_records()
+    valid = [
+        json.dumps(otlp_json_turn("after-poison", 0, ended=True)).encode(),
+        json.dumps(otlp_json_turn("far-future", 0, ended=True, start_ns=10**30)).encode(),
+    ]
+    dead_letter, results = f"{topic}-dlq", f"{topic}-results"
+    broker.create_topic(dead_letter, 1)
+    broker.create_topic(results, 1)
+    producer = KafkaProducer(bootstrap_servers=broker.bootstrap_servers, linger_ms=20, max_request_size=8 * 1024 * 1024)
+    for _label, value in records:
+        producer.send(topic, key=b"poison", value=value)
+    for value in valid:
+        producer.send(topic, key=b"poison", value=value)  # the same partition, after every poison record
+    producer.flush()
+    producer.close()
+    settings_ = consumer_settings(
+        broker.bootstrap_servers,
+        topic,
+        metrics="failure_rate",
+        dead_letter_topic=dead_letter,
+        results_topic=results,
+        max_record_bytes=8 * 1024 * 1024,
+        session_idle_timeout=2.0,  # the template's own conversation (no end marker) completes soon
+    )
+    total = len(records) + len(valid)
+    with RunningConsumer(settings_) as consumer:
+
+        def counted() -> float:
+            return consumer.value("tracejudge_records_total", outcome="ok") + consumer.value(
+                "tracejudge_records_total", outcome="malformed"
+            )
+
+        wait_for(lambda: counted() == total, timeout=120, what=f"all {total} records counted")
+        wait_for(lambda: consumer.sessions("judged") >= 2, what="the valid conversations after them judged")
+        assert consumer.thread.is_alive()
+        malformed = consumer.value("tracejudge_records_total", outcome="malformed")
+        wait_for(lambda: consumer.app.service.offsets.held() == 0, what="every conversation finished")
+    # Committed past: a restart of the same group reads none of them again (no crash loop on a poison record).
+    with RunningConsumer(settings_) as restarted:
+        kafka = restarted.app.service._consumer
+        assert kafka is not None
+        wait_for(lambda: len(kafka.assignment()) == 3, what="the partitions assigned")
+        lag = restarted.app.registry.get_sample_value
+        wait_for(
+            lambda: all(lag("tracejudge_consumer_lag", {"partition": str(p)}) is not None for p in range(3)),
+            what="every partition's position known",
+        )
+        time.sleep(1.0)
+        reread = restarted.value("tracejudge_records_total", outcome="ok") + restarted.value(
+            "tracejudge_records_total", outcome="malformed"
+        )
+    assert reread == 0, f"{reread:.0f} records read again after a restart"
+    written = result_records(broker, results, 2)
+    by_id = {r["conversation_id"]: r for r in written}
+    assert set(by_id) >= {"after-poison", "far-future"}
+    assert by_id["far-future"]["conversation_started_at"].startswith("9999-12-31")
+    dead = read_all(broker.bootstrap_servers, dead_letter)
+    assert len(dead) == malformed
+    print(
+        f"\npoison: {len(records)} hostile records, {malformed:.0f} malformed and dead-lettered, consumer alive, "
+        f"{len(valid)} valid conversations after them judged"
     )

@@ -2,10 +2,16 @@
 
 LiteLLM talks to it over real HTTP exactly as it would talk to OpenAI; the script decides each answer from the
 request (or from a queue), so every judge label, fault and delay can be produced on demand.
+
+Structured outputs: a `json_schema` response_format is checked like a provider would (strict, the verdict an enum of
+exactly the metric's labels from the seeds' spec); `reject_json_schema` / `reject_json_object` make it answer 400 as
+OpenAI does for a model without that mode; `constrain` imitates constrained decoding (a schema-bound model cannot
+emit prose or an unknown label; JSON mode cannot emit non-JSON; an empty answer, like a refusal, still happens).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import threading
 import time
@@ -29,6 +35,15 @@ class Reply:
     cached_tokens: int = 0
 
 
+# The seeds' label sets (the contract the schema's enum must match exactly).
+SEED_LABELS = {
+    "failure_rate": frozenset(
+        {"hallucination", "stall", "mixed", "honest_fallback", "alternative_proposed", "not_applicable"}
+    ),
+    "conversational_flow": frozenset({"fully", "mostly", "partial", "minor", "none"}),
+}
+
+
 def verdict(label: str, reason: str = "scripted", evidence: list[str] | None = None) -> Reply:
     return Reply(content=json.dumps({"verdict": label, "evidence": evidence or [], "reason": reason}))
 
@@ -39,7 +54,15 @@ Responder = Callable[[dict[str, Any]], Reply]
 class JudgeServer:
     """Start with `start()`, point OPENAI_BASE_URL at `base_url`, read `requests` afterwards."""
 
-    def __init__(self, responder: Responder | None = None, *, default: Reply | None = None) -> None:
+    def __init__(
+        self,
+        responder: Responder | None = None,
+        *,
+        default: Reply | None = None,
+        reject_json_schema: bool = False,
+        reject_json_object: bool = False,
+        constrain: bool = False,
+    ) -> None:
         self.responder = responder
         self.default = default or verdict("not_applicable")
         self.queue: list[Reply] = []
@@ -49,6 +72,10 @@ class JudgeServer:
         self._stop = threading.Event()
         self.in_flight = 0
         self.max_in_flight = 0
+        self.reject_json_schema = reject_json_schema
+        self.reject_json_object = reject_json_object
+        self.constrain = constrain
+        self.schema_problems: list[str] = []
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -61,7 +88,7 @@ class JudgeServer:
             def do_POST(self) -> None:
                 length = int(self.headers.get("content-length") or 0)
                 body = json.loads(self.rfile.read(length) or b"{}")
-                reply = server._next(body)
+                reply = server._refusal(body) or server._constrained(body, server._next(body))
                 with server._lock:
                     server.in_flight += 1
                     server.max_in_flight = max(server.max_in_flight, server.in_flight)
@@ -116,6 +143,54 @@ class JudgeServer:
         with self._lock:
             self.queue.extend(replies)
 
+    def response_modes(self) -> list[str]:
+        """The response_format type of every request received, in order (`text` when none was sent)."""
+        with self._lock:
+            return [mode_of(r) for r in self.requests]
+
+    def _refusal(self, body: dict[str, Any]) -> Reply | None:
+        """A 400 for a response format this "model" lacks, or for a schema that is not exactly the labels."""
+        mode = mode_of(body)
+        if (mode == "json_schema" and self.reject_json_schema) or (mode == "json_object" and self.reject_json_object):
+            with self._lock:
+                self.requests.append(body)
+                self.request_times.append(time.time())
+            message = f"Invalid parameter: 'response_format' of type '{mode}' is not supported with this model."
+            error = {"message": message, "type": "invalid_request_error", "param": "response_format", "code": None}
+            return Reply(status=400, raw_body=json.dumps({"error": error}).encode())
+        if mode == "json_schema":
+            problem = schema_problem(body)
+            if problem:
+                with self._lock:
+                    self.schema_problems.append(problem)
+                    self.requests.append(body)
+                    self.request_times.append(time.time())
+                error = {"message": f"judge_server: {problem}", "type": "invalid_request_error", "code": None}
+                return Reply(status=400, raw_body=json.dumps({"error": error}).encode())
+        return None
+
+    def _constrained(self, body: dict[str, Any], reply: Reply) -> Reply:
+        """With `constrain`, what a provider's constrained decoding lets through of the scripted answer."""
+        mode = mode_of(body)
+        if not self.constrain or mode == "text" or reply.status != 200 or reply.raw_body is not None:
+            return reply
+        if not reply.content:  # a refusal or an empty answer is possible in every mode
+            return reply
+        labels = sorted(SEED_LABELS[metric_of(body)])
+        try:
+            answer = json.loads(reply.content)
+        except ValueError:
+            answer = None
+        if mode == "json_object" and isinstance(answer, dict):
+            return reply
+        if mode == "json_schema" and isinstance(answer, dict) and answer.get("verdict") in labels:
+            return reply
+        # The model had to pick a valid token sequence: a label it would have chosen (stable per answer).
+        label = labels[int(hashlib.sha256(reply.content.encode()).hexdigest(), 16) % len(labels)]
+        evidence_key = "key_issues" if metric_of(body) == "conversational_flow" else "evidence"
+        content = json.dumps({"verdict": label, evidence_key: [], "reason": "constrained"})
+        return Reply(content=content, delay_s=reply.delay_s, hang=reply.hang)
+
     def _next(self, body: dict[str, Any]) -> Reply:
         with self._lock:
             self.requests.append(body)
@@ -157,6 +232,28 @@ class JudgeServer:
 def conversation_text(request: dict[str, Any]) -> str:
     """The user message of a judge request: where the conversation travels."""
     return next((m["content"] for m in request.get("messages", []) if m.get("role") == "user"), "")
+
+
+def mode_of(request: dict[str, Any]) -> str:
+    """`json_schema`, `json_object` or `text`: how the request asked for its answer."""
+    response_format = request.get("response_format")
+    return response_format.get("type", "text") if isinstance(response_format, dict) else "text"
+
+
+def schema_problem(request: dict[str, Any]) -> str | None:
+    """Why a json_schema response_format is not the strict schema of the metric's labels (None when it is)."""
+    spec = request["response_format"].get("json_schema") or {}
+    schema = spec.get("schema") or {}
+    properties = schema.get("properties") or {}
+    enum = (properties.get("verdict") or {}).get("enum")
+    labels = SEED_LABELS[metric_of(request)]
+    if spec.get("strict") is not True:
+        return "the schema is not strict"
+    if not isinstance(enum, list) or len(enum) != len(set(enum)) or set(enum) != labels:
+        return f"the verdict enum {enum} is not exactly the labels {sorted(labels)}"
+    if schema.get("additionalProperties") is not False or set(schema.get("required") or []) != set(properties):
+        return "strict schemas need every property required and additionalProperties false"
+    return None
 
 
 def metric_of(request: dict[str, Any]) -> str:

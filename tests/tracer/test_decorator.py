@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
+import logging
 import subprocess
 import sys
 import threading
@@ -11,7 +13,7 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
@@ -376,3 +378,296 @@ assert "litellm" not in sys.modules and "tracejudge.metrics" not in sys.modules
 def test_decorator_rejects_an_empty_name() -> None:
     with pytest.raises(ValueError):
         traced_agent("")
+
+
+# ---- decorated generators behave like `yield from` (PEP 380), and their span ends exactly once -------------------
+
+
+@pytest.fixture
+def ended_twice(caplog: pytest.LogCaptureFixture) -> Iterator[list[str]]:
+    """The SDK warns when end() is called on an ended span: collect those warnings."""
+    caplog.set_level(logging.WARNING, logger="opentelemetry.sdk.trace")
+    warnings: list[str] = []
+    yield warnings
+    warnings.extend(r.getMessage() for r in caplog.records if "ended span" in r.getMessage())
+    assert not warnings, warnings
+
+
+def _conversation_of_sends(provider: TracerProvider, log: list[Any]) -> Any:
+    tracer = provider.get_tracer("tool")
+
+    @traced_agent("chat", tracer_provider=provider)
+    def run(q: str, session_id: str) -> Iterator[str]:
+        try:
+            received = yield "ready"
+            log.append(("sent", received))
+            while True:
+                try:
+                    with tracer.start_as_current_span("tool call"):
+                        received = yield f"<{received}>"
+                    log.append(("sent", received))
+                except ValueError as exc:
+                    log.append(("caught", str(exc)))
+                    received = yield "recovered"
+                if received == "stop":
+                    return "the return value"
+        finally:
+            log.append("finally")
+
+    return run
+
+
+def test_sync_generator_send_throw_return(
+    recorded: tuple[TracerProvider, InMemorySpanExporter], ended_twice: list[str]
+) -> None:
+    provider, exporter = recorded
+    log: list[Any] = []
+    run = _conversation_of_sends(provider, log)
+
+    def caller() -> Iterator[str]:
+        result = yield from run("q", session_id="gen")
+        log.append(("returned", result))
+
+    stream = caller()
+    assert next(stream) == "ready"
+    assert stream.send("one") == "<one>"
+    assert stream.throw(ValueError("handled")) == "recovered"  # the user's generator sees it and continues
+    assert stream.send("two") == "<two>"
+    with pytest.raises(StopIteration):
+        stream.send("stop")
+    returned = ("returned", "the return value")
+    assert log == [("sent", "one"), ("caught", "handled"), ("sent", "stop"), "finally", returned]
+    spans = exporter.get_finished_spans()
+    turn = next(s for s in spans if s.name == "invoke_agent chat")
+    assert len(spans) == 3 and turn.status.status_code is StatusCode.UNSET
+    assert message_text(turn, "gen_ai.output.messages") == "ready<one>recovered<two>"
+    tools = [s for s in spans if s.name == "tool call"]
+    assert all(t.parent is not None and t.parent.span_id == turn.context.span_id for t in tools)
+
+
+def test_sync_generator_close_throw_unhandled_and_collected(
+    recorded: tuple[TracerProvider, InMemorySpanExporter], ended_twice: list[str]
+) -> None:
+    provider, exporter = recorded
+    log: list[Any] = []
+    run = _conversation_of_sends(provider, log)
+
+    closed = run("q", session_id="c")
+    assert next(closed) == "ready" and closed.send("x") == "<x>"
+    closed.close()  # the user's finally runs; the span ends with what was streamed
+    assert log[-1] == "finally"
+    assert message_text(exporter.get_finished_spans()[-1], "gen_ai.output.messages") == "ready<x>"
+
+    thrown = run("q", session_id="t")
+    next(thrown)
+    with pytest.raises(KeyError, match="unhandled"):
+        thrown.throw(KeyError("unhandled"))
+    failed = exporter.get_finished_spans()[-1]
+    assert failed.status.status_code is StatusCode.ERROR and attrs(failed)["error.type"] == "KeyError"
+
+    collected = run("q", session_id="gc")
+    next(collected)
+    before = len(exporter.get_finished_spans())
+    del collected
+    gc.collect()
+    assert log[-1] == "finally" and len(exporter.get_finished_spans()) == before + 1
+
+    never_started = run("q", session_id="n")
+    del never_started
+    gc.collect()
+    assert len(exporter.get_finished_spans()) == before + 1  # no turn was taken, no span
+    assert [s.name for s in exporter.get_finished_spans()].count("invoke_agent chat") == 3
+
+
+def test_sync_generator_that_ignores_close_fails_like_yield_from(
+    recorded: tuple[TracerProvider, InMemorySpanExporter], ended_twice: list[str]
+) -> None:
+    provider, exporter = recorded
+
+    @traced_agent("stubborn", tracer_provider=provider)
+    def run(q: str, session_id: str) -> Iterator[str]:
+        try:
+            yield "a"
+        finally:
+            yield "b"  # ignores GeneratorExit
+
+    stream = run("q", session_id="s")
+    next(stream)
+    with pytest.raises(RuntimeError, match="ignored GeneratorExit"):
+        stream.close()
+    (span,) = exporter.get_finished_spans()
+    assert span.status.status_code is StatusCode.ERROR
+
+
+async def test_async_generator_asend_athrow_aclose(
+    recorded: tuple[TracerProvider, InMemorySpanExporter], ended_twice: list[str]
+) -> None:
+    provider, exporter = recorded
+    tracer = provider.get_tracer("tool")
+    log: list[Any] = []
+
+    @traced_agent("achat", tracer_provider=provider)
+    async def run(q: str, session_id: str) -> AsyncIterator[str]:
+        try:
+            received = yield "ready"
+            while True:
+                try:
+                    await asyncio.sleep(0)
+                    with tracer.start_as_current_span("tool call"):
+                        log.append(("sent", received))
+                    received = yield f"<{received}>"
+                except ValueError as exc:
+                    log.append(("caught", str(exc)))
+                    received = yield "recovered"
+                if received == "stop":
+                    return
+        finally:
+            log.append("finally")
+
+    stream = run("q", session_id="a")
+    assert await stream.asend(None) == "ready"
+    assert await stream.asend("one") == "<one>"
+    assert await stream.athrow(ValueError("handled")) == "recovered"
+    assert await stream.asend("two") == "<two>"
+    with pytest.raises(StopAsyncIteration):
+        await stream.asend("stop")
+    assert log == [("sent", "one"), ("caught", "handled"), ("sent", "two"), "finally"]
+    turn = next(s for s in exporter.get_finished_spans() if s.name == "invoke_agent achat")
+    assert message_text(turn, "gen_ai.output.messages") == "ready<one>recovered<two>"
+    tools = [s for s in exporter.get_finished_spans() if s.name == "tool call"]
+    assert len(tools) == 2 and all(t.parent is not None and t.parent.span_id == turn.context.span_id for t in tools)
+
+    closed = run("q", session_id="b")
+    await closed.asend(None)
+    await closed.aclose()
+    assert log[-1] == "finally"
+    assert message_text(exporter.get_finished_spans()[-1], "gen_ai.output.messages") == "ready"
+
+    thrown = run("q", session_id="c")
+    await thrown.asend(None)
+    with pytest.raises(KeyError):
+        await thrown.athrow(KeyError("unhandled"))
+    assert log[-1] == "finally"
+    failed = exporter.get_finished_spans()[-1]
+    assert failed.status.status_code is StatusCode.ERROR and attrs(failed)["error.type"] == "KeyError"
+    assert [s.name for s in exporter.get_finished_spans()].count("invoke_agent achat") == 3
+
+
+class _BrokenTracer:
+    def start_span(self, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("tracing bug")
+
+
+class _BrokenProvider(TracerProvider):
+    def get_tracer(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        return _BrokenTracer() if name == "tracejudge.tracer" else super().get_tracer(name, *args, **kwargs)
+
+
+async def test_generators_still_forward_when_tracing_is_broken() -> None:
+    provider = _BrokenProvider()
+    log: list[Any] = []
+    run = _conversation_of_sends(provider, log)
+    stream = run("q", session_id="broken")
+    assert next(stream) == "ready" and stream.send("one") == "<one>"
+    assert stream.throw(ValueError("handled")) == "recovered"
+    stream.close()
+    assert log == [("sent", "one"), ("caught", "handled"), "finally"]
+
+    @traced_agent("abroken", tracer_provider=provider)
+    async def arun(q: str, session_id: str) -> AsyncIterator[str]:
+        received = yield "ready"
+        yield f"<{received}>"
+
+    astream = arun("q", session_id="broken")
+    assert await astream.asend(None) == "ready" and await astream.asend("x") == "<x>"
+    await astream.aclose()
+
+
+def test_generator_errors_propagate_as_the_same_object_and_end_the_span_once(
+    recorded: tuple[TracerProvider, InMemorySpanExporter], ended_twice: list[str]
+) -> None:
+    provider, exporter = recorded
+    boom = LookupError("inside the user's generator")
+
+    @traced_agent("failing", tracer_provider=provider)
+    def run(q: str, session_id: str) -> Iterator[str]:
+        yield "partial"
+        raise boom
+
+    stream = run("q", session_id="e")
+    assert next(stream) == "partial"
+    with pytest.raises(LookupError) as caught:
+        next(stream)
+    assert caught.value is boom
+    (span,) = exporter.get_finished_spans()
+    assert span.status.status_code is StatusCode.ERROR and attrs(span)["error.type"] == "LookupError"
+    with pytest.raises(StopIteration):
+        next(stream)  # finished: nothing more, and no second end()
+    assert len(exporter.get_finished_spans()) == 1
+
+
+def test_generator_called_with_wrong_arguments_starts_no_span(
+    recorded: tuple[TracerProvider, InMemorySpanExporter],
+) -> None:
+    provider, _ = recorded
+    started: list[str] = []
+
+    class StartRecorder(SpanProcessor):
+        def on_start(self, span: Any, parent_context: Any = None) -> None:
+            started.append(span.name)
+
+    provider.add_span_processor(StartRecorder())
+
+    @traced_agent("strict", tracer_provider=provider)
+    def run(q: str, session_id: str) -> Iterator[str]:
+        yield q
+
+    @traced_agent("astrict", tracer_provider=provider)
+    async def arun(q: str, session_id: str) -> AsyncIterator[str]:
+        yield q
+
+    with pytest.raises(TypeError):
+        next(run("q", "s", "unexpected"))  # type: ignore[call-arg]
+    with pytest.raises(TypeError):
+        asyncio.run(arun(unexpected=1).__anext__())  # type: ignore[call-arg]
+    assert started == []  # a span started here would never end: leaked, and a turn index used up
+    assert next(run("q", "s")) == "q" and started == ["invoke_agent strict"]
+
+
+async def test_async_generator_errors_and_abandoned_streams_end_the_span_once(
+    recorded: tuple[TracerProvider, InMemorySpanExporter], ended_twice: list[str]
+) -> None:
+    provider, exporter = recorded
+    boom = LookupError("async boom")
+    log: list[str] = []
+
+    @traced_agent("afailing", tracer_provider=provider)
+    async def run(q: str, session_id: str, fail: bool) -> AsyncIterator[str]:
+        try:
+            yield "partial"
+            if fail:
+                raise boom
+            yield "more"
+        finally:
+            log.append(session_id)
+
+    failing = run("q", session_id="f", fail=True)
+    assert await failing.__anext__() == "partial"
+    with pytest.raises(LookupError) as caught:
+        await failing.__anext__()
+    assert caught.value is boom
+    (span,) = exporter.get_finished_spans()
+    assert span.status.status_code is StatusCode.ERROR
+
+    abandoned = run("q", session_id="abandoned", fail=False)
+    assert await abandoned.__anext__() == "partial"
+    del abandoned
+    gc.collect()  # the event loop's async-generator finalizer closes it
+    for _ in range(20):
+        await asyncio.sleep(0)
+        if len(exporter.get_finished_spans()) == 2:
+            break
+    assert log == ["f", "abandoned"]
+    spans = exporter.get_finished_spans()
+    assert len(spans) == 2 and spans[1].status.status_code is StatusCode.UNSET
+    assert message_text(spans[1], "gen_ai.output.messages") == "partial"

@@ -6,7 +6,7 @@ import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from tracejudge.tracer._messages import valid_unicode
+from tracejudge.tracer.text import clip, valid_unicode
 
 from ._cases import EvalTestCase
 
@@ -23,12 +23,6 @@ def _encode(value: object) -> str:
     """JSON with <, > and & escaped, so nothing inside a string can spell a delimiter or a tag."""
     text = json.dumps(value, ensure_ascii=False)
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
-
-
-def _clip(text: str, limit: int) -> str:
-    if len(text) <= limit:
-        return text
-    return f"{text[:limit]} …[{len(text) - limit} characters truncated]"
 
 
 @dataclass(slots=True)
@@ -61,9 +55,7 @@ def render_transcript(
         assistant = valid_unicode(turn.actual_output or "")
         if redactor is not None:
             user, assistant = redactor(user), redactor(assistant)
-        return _encode(
-            {"turn": index + 1, "user": _clip(user, field_limit), "assistant": _clip(assistant, field_limit)}
-        )
+        return _encode({"turn": index + 1, "user": clip(user, field_limit), "assistant": clip(assistant, field_limit)})
 
     total = len(turns)
     if total == 0:

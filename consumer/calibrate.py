@@ -1,0 +1,450 @@
+"""`tracejudge calibrate`: run the judges over a labelled gold set and measure how often their label is right.
+
+The dataset is validated whole before the first judge call; judge failures are counted apart from the confusion
+matrix; the report (JSON) carries the hallucination counts `consume --calibration` corrects live rates with.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import os
+import sys
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from importlib import metadata, resources
+from pathlib import Path
+from typing import Any
+
+from tracejudge.metrics import (
+    ConversationalEvalTestCase,
+    CustomLLMClient,
+    EvalTestCase,
+    HolisticJudgeMetric,
+    MetricResult,
+)
+from tracejudge.metrics.calibration import (
+    Weighting,
+    accuracy,
+    binary_stats,
+    cohen_kappa,
+    confusion_matrix,
+)
+from tracejudge.metrics.conversational_flow import CONVERSATIONAL_FLOW_WEIGHTS
+from tracejudge.metrics.failure_rate import FAILURE_RATE_WEIGHTS
+
+EXIT_OK, EXIT_GATE, EXIT_USAGE = 0, 1, 2
+BUILTIN_DATASET = "calibration_gold.jsonl"
+# Labels in their rubric order; Flow's levels are ordered best to worst, so its kappa is linearly weighted.
+LABELS: dict[str, tuple[str, ...]] = {
+    "failure_rate": tuple(FAILURE_RATE_WEIGHTS),
+    "conversational_flow": tuple(
+        sorted(CONVERSATIONAL_FLOW_WEIGHTS, key=CONVERSATIONAL_FLOW_WEIGHTS.__getitem__)[::-1]
+    ),
+}
+KAPPA_WEIGHTING: dict[str, Weighting] = {"failure_rate": "unweighted", "conversational_flow": "linear"}
+POSITIVE_LABEL = {"failure_rate": "hallucination"}
+# The consumer options that mean something here; the rest (Kafka, outputs, windows) are not offered.
+CALIBRATE_OPTIONS = frozenset(
+    {
+        "judge_model",
+        "metrics",
+        "max_concurrency",
+        "max_requests_per_minute",
+        "max_cost_per_hour",
+        "judge_timeout",
+        "judge_retries",
+        "threshold",
+        "redact",
+        "log_format",
+        "log_level",
+    }
+)
+SKIPPED_BUDGET = "skipped_budget"
+
+
+class DatasetError(ValueError):
+    def __init__(self, source: str, line: int | None, message: str) -> None:
+        where = f"{source}:{line}" if line is not None else source
+        super().__init__(f"{where}: {message}")
+        self.line = line
+
+
+@dataclass(frozen=True, slots=True)
+class GoldItem:
+    id: str
+    turns: tuple[tuple[str, str], ...]
+    labels: dict[str, str]
+    note: str | None = None
+    line: int = 0
+
+    def case(self) -> ConversationalEvalTestCase:
+        return ConversationalEvalTestCase(
+            name=self.id, turns=[EvalTestCase(input=user, actual_output=assistant) for user, assistant in self.turns]
+        )
+
+
+@dataclass(slots=True)
+class Dataset:
+    items: list[GoldItem]
+    sha256: str
+    source: str
+    builtin: bool = False
+
+
+def builtin_dataset_bytes() -> bytes:
+    return resources.files("tracejudge.metrics").joinpath("data", BUILTIN_DATASET).read_bytes()
+
+
+def _parse_item(raw: str, line: int, source: str) -> GoldItem:
+    def fail(message: str) -> DatasetError:
+        return DatasetError(source, line, message)
+
+    try:
+        entry = json.loads(raw)
+    except ValueError as exc:
+        raise fail(f"invalid JSON: {exc}") from None
+    if not isinstance(entry, dict):
+        raise fail("expected a JSON object")
+    item_id = entry.get("id")
+    if isinstance(item_id, int) and not isinstance(item_id, bool):
+        item_id = str(item_id)
+    if not isinstance(item_id, str) or not item_id.strip():
+        raise fail("'id' must be a non-empty string")
+    turns = entry.get("turns")
+    if not isinstance(turns, list) or not turns:
+        raise fail(f"item {item_id!r} has no turns")
+    parsed: list[tuple[str, str]] = []
+    for number, turn in enumerate(turns, 1):
+        if (
+            not isinstance(turn, dict)
+            or not isinstance(turn.get("user"), str)
+            or not isinstance(turn.get("assistant"), str)
+        ):
+            raise fail(f'item {item_id!r} turn {number}: expected {{"user": str, "assistant": str}}')
+        parsed.append((turn["user"], turn["assistant"]))
+    labels = entry.get("labels", {})
+    if labels is None:
+        labels = {}
+    if not isinstance(labels, dict):
+        raise fail(f"item {item_id!r}: 'labels' must be an object")
+    labels = {metric: label for metric, label in labels.items() if label is not None}  # null: not labelled
+    for metric, label in labels.items():
+        if metric not in LABELS:
+            raise fail(f"item {item_id!r}: unknown metric {metric!r} in labels; known: {', '.join(LABELS)}")
+        if label not in LABELS[metric]:
+            raise fail(f"item {item_id!r}: unknown {metric} label {label!r}; known: {', '.join(LABELS[metric])}")
+    note = entry.get("note")
+    if note is not None and not isinstance(note, str):
+        raise fail(f"item {item_id!r}: 'note' must be a string")
+    return GoldItem(item_id, tuple(parsed), dict(labels), note, line)
+
+
+def parse_dataset(data: bytes, source: str) -> list[GoldItem]:
+    """Every line validated before anything is judged; the first bad line raises DatasetError with its number."""
+    try:
+        text = data.decode("utf-8-sig")  # a BOM from Windows editors is not an error
+    except UnicodeDecodeError as exc:
+        raise DatasetError(source, text_line(data, exc.start), "not UTF-8") from None
+    items: list[GoldItem] = []
+    seen: dict[str, int] = {}
+    # Lines end at "\n" only (JSON Lines): str.splitlines() would also split inside a string at U+2028, U+0085 etc.
+    for line, raw in enumerate(text.split("\n"), 1):
+        if not raw.strip():
+            continue
+        item = _parse_item(raw, line, source)
+        if item.id in seen:
+            raise DatasetError(source, line, f"duplicate id {item.id!r} (first on line {seen[item.id]})")
+        seen[item.id] = line
+        items.append(item)
+    if not items:
+        raise DatasetError(source, None, "the dataset has no conversations")
+    return items
+
+
+def text_line(data: bytes, offset: int) -> int:
+    return data.count(b"\n", 0, offset) + 1
+
+
+def load_dataset(path: str | None) -> Dataset:
+    if path is None:
+        data = builtin_dataset_bytes()
+        source, builtin = f"built-in gold set ({BUILTIN_DATASET})", True
+    else:
+        try:
+            data = Path(path).read_bytes()
+        except OSError as exc:
+            raise DatasetError(path, None, f"cannot read the dataset: {exc.strerror or exc}") from None
+        source, builtin = path, False
+    return Dataset(parse_dataset(data, source), hashlib.sha256(data).hexdigest(), source, builtin)
+
+
+@dataclass(slots=True)
+class Outcome:
+    item: GoldItem
+    metric: str
+    result: MetricResult
+
+
+async def judge_items(
+    items: list[GoldItem],
+    judges: list[HolisticJudgeMetric],
+    *,
+    max_concurrency: int = 16,
+    max_requests_per_minute: float | None = None,
+    max_cost_per_hour: float | None = None,
+    on_done: Callable[[], None] | None = None,
+) -> list[Outcome]:
+    """Judge each item with each judge whose metric it has a gold label for; order follows the input."""
+    from .pool import SpendWindow, TokenBucket
+
+    slots = asyncio.Semaphore(max_concurrency)
+    bucket = TokenBucket(max_requests_per_minute)
+    spend = SpendWindow(max_cost_per_hour)
+    jobs = [(item, judge) for item in items for judge in judges if judge.name in item.labels]
+
+    async def run(item: GoldItem, judge: HolisticJudgeMetric) -> Outcome:
+        async with slots:
+            await bucket.acquire()
+            if spend.reserve():  # decided as in `consume`: spent + in-flight estimates + this call's estimate
+                cost: float | None = None
+                try:
+                    result = await judge.evaluate(item.case())
+                    cost = result.cost_usd or 0.0
+                finally:
+                    spend.settle(cost)
+            else:
+                result = MetricResult(name=judge.name, threshold=judge.threshold, model=judge.model_name)
+                result.error, result.error_kind = "skipped: --max-cost-per-hour reached", SKIPPED_BUDGET
+        if on_done is not None:
+            on_done()
+        return Outcome(item, judge.name, result)
+
+    return list(await asyncio.gather(*(run(item, judge) for item, judge in jobs)))
+
+
+def _sum(values: list[Any]) -> Any:
+    present = [v for v in values if v is not None]
+    return sum(present) if present else None
+
+
+def metric_report(metric: str, outcomes: list[Outcome], rubric_version: Any = None) -> dict[str, Any]:
+    labels = LABELS[metric]
+    judged = [o for o in outcomes if o.result.error is None and o.result.verdict in labels]
+    failed = [o for o in outcomes if o not in judged]
+    matrix = confusion_matrix(((o.item.labels[metric], o.result.verdict or "") for o in judged), labels)
+    report: dict[str, Any] = {
+        "rubric_version": rubric_version,
+        "labelled": len(outcomes),
+        "n": len(judged),
+        "judge_failures": len(failed),
+        "judge_failure_kinds": dict(Counter(o.result.error_kind or "unknown" for o in failed)),
+        "accuracy": accuracy(matrix),
+        "kappa": cohen_kappa(matrix, KAPPA_WEIGHTING[metric]),
+        "kappa_weighting": KAPPA_WEIGHTING[metric],
+        "labels": list(labels),
+        "confusion_matrix": matrix,
+        "cost_usd": _sum([o.result.cost_usd for o in outcomes]),
+        "input_tokens": _sum([o.result.input_tokens for o in outcomes]),
+        "output_tokens": _sum([o.result.output_tokens for o in outcomes]),
+        "cached_input_tokens": _sum([o.result.cached_input_tokens for o in outcomes]),
+        "cache_write_input_tokens": _sum([o.result.cache_write_input_tokens for o in outcomes]),
+    }
+    positive = POSITIVE_LABEL.get(metric)
+    if positive is not None:
+        report[positive] = binary_stats(matrix, labels, positive)
+    return report
+
+
+def build_report(
+    dataset: Dataset, judges: list[HolisticJudgeMetric], outcomes: list[Outcome], judge_model: str
+) -> dict[str, Any]:
+    metrics = {
+        judge.name: metric_report(
+            judge.name, [o for o in outcomes if o.metric == judge.name], getattr(judge, "rubric_version", None)
+        )
+        for judge in judges
+    }
+    try:
+        version = metadata.version("tracejudge")
+    except metadata.PackageNotFoundError:
+        version = None
+    return {
+        "tracejudge_version": version,
+        "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "judge_model": judge_model,
+        "dataset": {
+            "source": dataset.source,
+            "builtin": dataset.builtin,
+            "sha256": dataset.sha256,
+            "conversations": len(dataset.items),
+        },
+        "metrics": metrics,
+        "cost_usd": _sum([m["cost_usd"] for m in metrics.values()]),
+        "input_tokens": _sum([m["input_tokens"] for m in metrics.values()]),
+        "output_tokens": _sum([m["output_tokens"] for m in metrics.values()]),
+        "cached_input_tokens": _sum([m["cached_input_tokens"] for m in metrics.values()]),
+        "cache_write_input_tokens": _sum([m["cache_write_input_tokens"] for m in metrics.values()]),
+        "items": [
+            {
+                "id": o.item.id,
+                "metric": o.metric,
+                "gold": o.item.labels[o.metric],
+                "judge": o.result.verdict,
+                "error": o.result.error_kind,
+            }
+            for o in outcomes
+        ],
+    }
+
+
+def gate(report: dict[str, Any], min_accuracy: float | None, min_kappa: float | None) -> list[str]:
+    """What the CI gate misses; an undefined figure (no verdicts, kappa undefined) counts as missed."""
+    missed: list[str] = []
+    for name, metric in report["metrics"].items():
+        for key, minimum in (("accuracy", min_accuracy), ("kappa", min_kappa)):
+            if minimum is None:
+                continue
+            value = metric[key]
+            if value is None or value < minimum:
+                shown = "undefined" if value is None else f"{value:.3f}"
+                missed.append(f"{name} {key} {shown} < {minimum:g}")
+    return missed
+
+
+def _fmt(value: float | None, digits: int = 3) -> str:
+    return "—" if value is None else f"{value:.{digits}f}"
+
+
+# Column headers short enough for an 80-column terminal; rows keep the full label.
+_SHORT = {
+    "hallucination": "halluc.",
+    "honest_fallback": "honest",
+    "alternative_proposed": "altern.",
+    "not_applicable": "n/a",
+}
+
+
+def print_report(report: dict[str, Any], console: Any) -> None:
+    from rich.table import Table
+
+    for name, metric in report["metrics"].items():
+        console.print(
+            f"\n[bold]{name}[/bold]  n={metric['n']}  accuracy={_fmt(metric['accuracy'])}  "
+            f"kappa={_fmt(metric['kappa'])} ({metric['kappa_weighting']})  judge failures={metric['judge_failures']}"
+            + (f" {metric['judge_failure_kinds']}" if metric["judge_failures"] else "")
+        )
+        table = Table(title=f"{name}: gold (rows) × judge (columns)", title_justify="left")
+        table.add_column("gold \\ judge")
+        for label in metric["labels"]:
+            table.add_column(_SHORT.get(label, label), justify="right")
+        for i, (label, row) in enumerate(zip(metric["labels"], metric["confusion_matrix"], strict=True)):
+            table.add_row(label, *(f"[bold]{c}[/bold]" if i == j else str(c) for j, c in enumerate(row)))
+        console.print(table)
+        stats = metric.get("hallucination")
+        if stats is not None:
+            console.print(
+                "hallucination: "
+                + "  ".join(f"{key}={_fmt(stats[key])}" for key in ("precision", "recall", "f1", "sensitivity"))
+                + f"  specificity={_fmt(stats['specificity'])}  (tp={stats['tp']} fp={stats['fp']} "
+                f"fn={stats['fn']} tn={stats['tn']})"
+            )
+    cost = report["cost_usd"]
+    console.print(
+        f"\njudge {report['judge_model']}: cost {'unknown' if cost is None else f'${cost:.4f}'}, "
+        f"tokens in {report['input_tokens'] or 0} (cache read {report['cached_input_tokens'] or 0}, "
+        f"cache write {report['cache_write_input_tokens'] or 0}), out {report['output_tokens'] or 0}"
+    )
+
+
+def _usage(message: str) -> int:
+    print(f"tracejudge calibrate: {message}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--dataset", default=None, metavar="PATH.jsonl", help="labelled conversations (default: built-in)"
+    )
+    parser.add_argument(
+        "--output", default=None, metavar="report.json", help="write the report as JSON (default: not written)"
+    )
+    parser.add_argument(
+        "--min-accuracy", type=float, default=None, metavar="X", help="exit 1 below this accuracy (default: no gate)"
+    )
+    parser.add_argument(
+        "--min-kappa", type=float, default=None, metavar="K", help="exit 1 below this kappa (default: no gate)"
+    )
+
+
+def run_calibrate(namespace: argparse.Namespace, judge: str | CustomLLMClient | None = None) -> int:
+    """The command: 0, 1 when a --min-* gate is missed, 2 for bad arguments or data (before any judge call)."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from ._logging import configure_logging
+    from .app import build_judges
+    from .flags import settings_from_args
+
+    settings = settings_from_args(namespace)
+    if namespace.min_accuracy is not None and not 0.0 <= namespace.min_accuracy <= 1.0:
+        return _usage(f"--min-accuracy must be within 0..1, got {namespace.min_accuracy:g}")
+    if namespace.min_kappa is not None and not -1.0 <= namespace.min_kappa <= 1.0:
+        return _usage(f"--min-kappa must be within -1..1, got {namespace.min_kappa:g}")
+    if namespace.output is not None:
+        parent = Path(namespace.output).resolve().parent
+        if not parent.is_dir():
+            return _usage(f"--output: directory {parent} does not exist")
+        if Path(namespace.output).is_dir():
+            return _usage(f"--output: {namespace.output} is a directory")
+    try:
+        dataset = load_dataset(namespace.dataset)
+    except DatasetError as exc:
+        return _usage(str(exc))
+    configure_logging(settings.log_level, settings.log_format)
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    try:
+        judges = build_judges(settings, judge)
+    except ValueError as exc:  # e.g. an empty judge model name
+        return _usage(str(exc))
+    jobs = sum(1 for item in dataset.items for j in judges if j.name in item.labels)
+    if jobs == 0:
+        return _usage(f"{dataset.source}: no conversation has a label for {', '.join(settings.metrics)}")
+    console = Console()
+    judge_model = judges[0].model_name
+    console.print(
+        f"calibrating {judge_model} on {dataset.source}: {len(dataset.items)} conversations, "
+        f"{jobs} judge calls ({', '.join(j.name for j in judges)})"
+    )
+    with Progress(
+        TextColumn("judging"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=Console(stderr=True)
+    ) as progress:
+        task = progress.add_task("judging", total=jobs)
+        outcomes = asyncio.run(
+            judge_items(
+                dataset.items,
+                judges,
+                max_concurrency=settings.max_concurrency,
+                max_requests_per_minute=settings.max_requests_per_minute,
+                max_cost_per_hour=settings.max_cost_per_hour,
+                on_done=lambda: progress.advance(task),
+            )
+        )
+    report = build_report(dataset, judges, outcomes, judge_model)
+    missed = gate(report, namespace.min_accuracy, namespace.min_kappa)
+    report["gate"] = {"min_accuracy": namespace.min_accuracy, "min_kappa": namespace.min_kappa, "missed": missed}
+    print_report(report, console)
+    if namespace.output is not None:
+        try:
+            Path(namespace.output).write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        except OSError as exc:
+            return _usage(f"--output: cannot write {namespace.output}: {exc.strerror or exc}")
+        console.print(f"report written to {namespace.output}")
+    if missed:
+        console.print(f"[red]gate missed: {'; '.join(missed)}[/red]")
+        return EXIT_GATE
+    return EXIT_OK

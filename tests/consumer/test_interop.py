@@ -1,0 +1,214 @@
+"""Spans recorded from the real instrumentation libraries reach the judge as the conversation the user really had.
+
+Every fixture under tests/fixtures/interop/<setup>/ (records.jsonl: what KafkaSpanExporter wrote; expected.json: the
+conversation) is produced to one Tansu topic and read by ONE real consumer; the transcript the local judge server
+receives over HTTP must equal the expected turns exactly. Fixtures go one at a time, so each judge request and
+judgement belongs to the fixture just produced.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kafka import KafkaProducer
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import Event, ReadableSpan
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
+
+from tests.consumer.test_pipeline import Collect
+from tests.support.judge_server import JudgeServer, conversation_text, verdict
+from tests.support.pipeline import RunningConsumer, consumer_settings, wait_for
+from tracejudge.consumer.decode import _any_value
+from tracejudge.consumer.embedded_broker import EmbeddedBroker
+from tracejudge.metrics.transcript import END, START
+from tracejudge.tracer import KafkaSpanExporter
+
+FIXTURES_DIR = Path(__file__).resolve().parents[1] / "fixtures" / "interop"
+SETUPS = (
+    sorted(p.name for p in FIXTURES_DIR.iterdir() if (p / "expected.json").is_file()) if FIXTURES_DIR.is_dir() else []
+)
+IDLE_S = 1.0
+ALL = "*"
+# What must never reach the judge: API bodies and wrapped-argument JSON.
+BODY_MARKERS = ('"choices"', "chatcmpl-", '"messages"', '"args"', '"kwargs"', '"output_text"', '"role"', '"usage"')
+
+
+def expected(setup: str) -> dict[str, Any]:
+    return json.loads((FIXTURES_DIR / setup / "expected.json").read_text())
+
+
+def records(setup: str) -> list[tuple[bytes | None, bytes]]:
+    lines = (FIXTURES_DIR / setup / "records.jsonl").read_text().splitlines()
+    out = []
+    for line in lines:
+        record = json.loads(line)
+        key = record.get("key")
+        out.append((key.encode() if key is not None else None, base64.b64decode(record["value_b64"])))
+    return out
+
+
+def transcript(request: dict[str, Any]) -> list[dict[str, Any]]:
+    """The turns between the conversation markers of a judge request's user message."""
+    text = conversation_text(request)
+    assert text.count(START) == 1 and text.count(END) == 1, text
+    return json.loads(text.split(START, 1)[1].split(END, 1)[0])
+
+
+@dataclass
+class Replay:
+    judgements: list = field(default_factory=list)
+    requests: list[dict[str, Any]] = field(default_factory=list)
+
+
+@pytest.fixture(scope="module")
+def judge() -> Iterator[JudgeServer]:
+    server = JudgeServer(default=verdict("honest_fallback")).start()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("OPENAI_BASE_URL", server.base_url)
+        patch.setenv("OPENAI_API_BASE", server.base_url)
+        patch.setenv("OPENAI_API_KEY", "sk-test-local")
+        yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def replayed(broker: EmbeddedBroker, judge: JudgeServer) -> dict[str, Replay]:
+    """Every fixture through one broker and one consumer, one fixture at a time."""
+    if not SETUPS:
+        pytest.skip("no interop fixtures recorded")
+    topic = f"interop-{uuid.uuid4().hex[:8]}"
+    broker.create_topic(topic, partitions=3)
+    collect = Collect()
+    settings = consumer_settings(broker.bootstrap_servers, topic, metrics="failure_rate", session_idle_timeout=IDLE_S)
+    producer = KafkaProducer(bootstrap_servers=broker.bootstrap_servers, linger_ms=0)
+    results: dict[str, Replay] = {}
+    try:
+        with RunningConsumer(settings, extra_sinks=[collect]):
+            for setup in SETUPS:
+                seen_judgements, seen_requests = len(collect.judgements), len(judge.requests)
+                for key, value in records(setup):
+                    producer.send(topic, key=key, value=value)
+                producer.flush()
+                wait_for(lambda n=seen_judgements: len(collect.judgements) > n, timeout=30, what=f"{setup} judged")
+                time.sleep(0.7)  # a second conversation made of the same spans completes within one expiry pass
+                results[setup] = Replay(collect.judgements[seen_judgements:], judge.requests[seen_requests:])
+            time.sleep(IDLE_S + 0.6)  # anything still open is complete by now
+            results[ALL] = Replay(list(collect.judgements), list(judge.requests))
+    finally:
+        producer.close()
+    return results
+
+
+def test_one_judgement_per_fixture_in_all(replayed: dict[str, Replay]) -> None:
+    everything = replayed[ALL]
+    silent = [s for s in SETUPS if expected(s).get("content_on_spans") is False]
+    assert len(everything.judgements) == len(SETUPS)
+    assert len(everything.requests) == len(SETUPS) - len(silent)
+    assert sorted(j.job.conversation_id for j in everything.judgements) == sorted(
+        expected(s)["conversation_id"] for s in SETUPS
+    )
+
+
+@pytest.mark.parametrize("setup", SETUPS)
+def test_the_judge_receives_the_real_conversation(replayed: dict[str, Replay], setup: str) -> None:
+    want = expected(setup)
+    replay = replayed[setup]
+    assert len(replay.judgements) == 1, [(j.job.conversation_id, len(j.job.turns)) for j in replay.judgements]
+    judgement = replay.judgements[0]
+    job = judgement.job
+    assert job.conversation_id == want["conversation_id"]
+    assert job.agent == want["agent"]
+    assert job.version == len(want["turns"]) == len(job.turns)
+    if want.get("content_on_spans") is False:
+        # The library kept the text off the spans: the turns are counted, no judge is asked, no score is made up.
+        assert judgement.outcome == "failed" and not replay.requests
+        assert [r.error_kind for r in judgement.results] == ["empty_conversation"]
+        return
+    assert judgement.outcome == "judged"
+    assert len(replay.requests) == 1
+    turns = transcript(replay.requests[0])
+    assert [(t["user"], t["assistant"]) for t in turns] == [(t["user"], t["assistant"]) for t in want["turns"]]
+    assert [t["turn"] for t in turns] == list(range(1, len(want["turns"]) + 1))
+    sent = conversation_text(replay.requests[0])
+    assert not [marker for marker in BODY_MARKERS if marker in sent.split(START, 1)[1].replace('\\"', '"')]
+
+
+def readable_spans(value: bytes) -> list[ReadableSpan]:
+    """The spans of a recorded OTLP record as the SDK hands them to an exporter, to export them again."""
+    request = ExportTraceServiceRequest.FromString(value)
+    spans = []
+    for resource_spans in request.resource_spans:
+        resource = Resource({kv.key: _any_value(kv.value) for kv in resource_spans.resource.attributes})
+        for scope_spans in resource_spans.scope_spans:
+            scope = InstrumentationScope(scope_spans.scope.name, scope_spans.scope.version or None)
+            for span in scope_spans.spans:
+                trace_id = int.from_bytes(span.trace_id, "big")
+                context = SpanContext(trace_id, int.from_bytes(span.span_id, "big"), False, TraceFlags(1))
+                parent = (
+                    SpanContext(trace_id, int.from_bytes(span.parent_span_id, "big"), False, TraceFlags(1))
+                    if span.parent_span_id
+                    else None
+                )
+                spans.append(
+                    ReadableSpan(
+                        name=span.name,
+                        context=context,
+                        parent=parent,
+                        resource=resource,
+                        attributes={kv.key: _any_value(kv.value) for kv in span.attributes},
+                        events=[
+                            Event(e.name, {kv.key: _any_value(kv.value) for kv in e.attributes}, e.time_unix_nano)
+                            for e in span.events
+                        ],
+                        kind=SpanKind(max(0, span.kind - 1)),
+                        status=Status(StatusCode.ERROR if span.status.code == 2 else StatusCode.UNSET),
+                        start_time=span.start_time_unix_nano,
+                        end_time=span.end_time_unix_nano,
+                        instrumentation_scope=scope,
+                    )
+                )
+    return spans
+
+
+def test_two_replicas_judge_each_exported_conversation_once_whole(
+    broker: EmbeddedBroker, topic: str, judge_server: JudgeServer
+) -> None:
+    """KafkaSpanExporter keys every recorded conversation to one partition: two replicas never split one."""
+    if not SETUPS:
+        pytest.skip("no interop fixtures recorded")
+    first, second = Collect(), Collect()
+    group = f"interop-{uuid.uuid4().hex[:6]}"
+    settings = consumer_settings(
+        broker.bootstrap_servers, topic, group_id=group, metrics="failure_rate", session_idle_timeout=IDLE_S
+    )
+    exporter = KafkaSpanExporter(broker.bootstrap_servers, topic)
+    with RunningConsumer(settings, extra_sinks=[first]) as a, RunningConsumer(settings, extra_sinks=[second]) as b:
+        wait_for(
+            lambda: a.app.service._consumer.assignment() and b.app.service._consumer.assignment(),  # type: ignore[union-attr]
+            what="both members assigned",
+        )
+        for setup in SETUPS:
+            for _, value in records(setup):  # each record the library's batch, exported again by our exporter
+                assert exporter.export(readable_spans(value)).name == "SUCCESS"
+        wait_for(lambda: len(first.judgements) + len(second.judgements) >= len(SETUPS), what="every fixture judged")
+        time.sleep(IDLE_S + 1.0)  # a split conversation's other half would be judged by now
+    exporter.shutdown()
+    judged = {j.job.conversation_id: j.job for j in first.judgements + second.judgements}
+    assert len(first.judgements) + len(second.judgements) == len(SETUPS) == len(judged)
+    assert first.judgements and second.judgements  # both replicas took a share: a split would have shown
+    for setup in SETUPS:
+        want = expected(setup)
+        job = judged[want["conversation_id"]]
+        assert job.version == len(job.turns) == len(want["turns"])
+        if want.get("content_on_spans") is not False:
+            assert [(t.input, t.output) for t in job.turns] == [(t["user"], t["assistant"]) for t in want["turns"]]

@@ -1,0 +1,90 @@
+"""The layering is enforced, not hoped for: tracer (base) <- metrics <- consumer, and no import cycle anywhere.
+
+`lint-imports` checks the contracts in pyproject.toml ([tool.importlinter]); grimp, the graph library under it, finds
+any cycle between modules, imports inside functions included. Both are also run against a copy of the packages with
+planted violations, so a checker that silently checks nothing fails here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import grimp
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("tracejudge.tracer", "tracejudge.metrics", "tracejudge.consumer")
+SOURCES = {"tracer": "tracejudge.tracer", "metrics": "tracejudge.metrics", "consumer": "tracejudge.consumer"}
+
+
+def module_cycles() -> list[list[str]]:
+    """Every import cycle between tracejudge's modules, each as its shortest loop starting at its smallest module."""
+    graph = grimp.build_graph(*PACKAGES, include_external_packages=False, cache_dir=None)
+    cycles: set[tuple[str, ...]] = set()
+    for importer in graph.modules:
+        for imported in graph.find_modules_directly_imported_by(importer):
+            back = graph.find_shortest_chain(importer=imported, imported=importer)
+            if back is not None:
+                loop = (importer, *back[:-1])
+                start = loop.index(min(loop))
+                cycles.add(loop[start:] + loop[:start])
+    return [list(cycle) for cycle in sorted(cycles)]
+
+
+def lint_imports(cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    command = "from importlinter.cli import lint_imports_command; lint_imports_command()"
+    return subprocess.run(
+        [sys.executable, "-c", command, "--no-cache", "--no-logo", str(ROOT / "pyproject.toml")],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_import_contracts_are_kept() -> None:
+    completed = lint_imports(ROOT)
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    assert "Contracts: 4 kept, 0 broken." in completed.stdout
+
+
+def test_no_import_cycle_anywhere() -> None:
+    assert module_cycles() == []
+
+
+def test_planted_violations_are_caught(tmp_path: Path) -> None:
+    """A copy of the packages with an upward import, a cycle and a private import, all inside functions."""
+    for directory in SOURCES:
+        shutil.copytree(
+            ROOT / directory, tmp_path / "tracejudge" / directory, ignore=shutil.ignore_patterns("__pycache__")
+        )
+    planted = {
+        "tracer/_planted.py": "def f() -> None:\n    from tracejudge.consumer import cli  # noqa: F401\n",
+        "metrics/cycle_a.py": "from . import cycle_b  # noqa: F401\n",
+        "metrics/cycle_b.py": "def f() -> None:\n    from . import cycle_a  # noqa: F401\n",
+        "consumer/_planted.py": "def f() -> None:\n    from tracejudge.metrics import _llm  # noqa: F401\n",
+    }
+    for path, text in planted.items():
+        (tmp_path / "tracejudge" / path).write_text(text)
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}  # the copy shadows the editable install
+
+    completed = lint_imports(tmp_path, env)
+    report = completed.stdout + completed.stderr
+    assert completed.returncode != 0, report
+    assert "Contracts: 0 kept, 4 broken." in report, report
+    assert "tracejudge.tracer._planted -> tracejudge.consumer.cli" in report
+    assert "tracejudge.consumer._planted -> tracejudge.metrics._llm" in report
+    assert "No cycles are allowed in tracejudge.metrics." in report and ".cycle_b -> .cycle_a" in report
+
+    script = "import json; from tests.test_layers import module_cycles; print(json.dumps(module_cycles()))"
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), str(ROOT)])
+    found = subprocess.run(
+        [sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert found.returncode == 0, found.stderr
+    assert ["tracejudge.metrics.cycle_a", "tracejudge.metrics.cycle_b"] in json.loads(found.stdout)
