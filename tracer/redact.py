@@ -5,6 +5,8 @@ timestamps, IDs, IP addresses), so each rule replaces only what it can establish
 libphonenumber's matcher (`phonenumbers`) with strict grouping, cards by issuer prefix, length and Luhn, IBANs by
 country length and mod 97, keys by the shapes their issuers give them. A bare digit run is a phone number only when
 written in international form or next to a word such as "call" or "phone"; otherwise it is taken for an ID.
+The consumer redacts untrusted transcripts, so every rule is linear in the input and the phone parser has a budget
+per string, past which what could be a phone number is replaced unread (fail closed).
 """
 
 from __future__ import annotations
@@ -51,11 +53,12 @@ _LABELLED_SECRET = re.compile(
 # UUIDs and trace ids (one case of letters) stay: they are IDs the judge may need.
 _OPAQUE = re.compile(r"\b(?=[A-Za-z0-9]*[a-z])(?=[A-Za-z0-9]*[A-Z])(?=[A-Za-z0-9]*\d)[A-Za-z0-9]{32,}\b")
 
-# The digits of a card as people write them: contiguous, in fours, or Amex/Diners 4-6-5/4-6-4.
+# The digits of a card as people write them: contiguous, in fours, or Amex/Diners 4-6-5/4-6-4; grouped by one or two
+# spaces, dashes or dots, the same throughout.
 _CARD = re.compile(
-    r"(?<![\d.,-])(?:\d{13,19}"
-    r"|\d{4}([ -])\d{4}\1\d{4}\1\d{1,4}(?:\1\d{1,3})?"
-    r"|\d{4}([ -])\d{6}\2\d{4,5})(?!\d|[.,/ -]\d)"
+    r"(?<![\d.,+-])(?:\d{13,19}"
+    r"|\d{4}( {1,2}|[.-])\d{4}\1\d{4}\1\d{1,4}(?:\1\d{1,3})?"
+    r"|\d{4}( {1,2}|-)\d{6}\2\d{4,5})(?!\d|[.,/ -]\d)"
 )
 _IBAN_START = re.compile(r"\b([A-Za-z]{2})(\d{2})(?=[ ]?[A-Za-z0-9])")  # upper case, or typed all lower
 _IBAN_LENGTHS = {
@@ -89,6 +92,9 @@ _DOTTED = re.compile(r"\d+(?:\.\d+){3,}")
 _DOTTED_PHONE = re.compile(r"(?:1\.)?\d{3}\.\d{3}\.\d{4}|\d{2}(?:\.\d{2}){4}")
 # The key a figure is the value of: `ts=1733072400`, `"created": 1733072400`.
 _KEY_BEFORE = re.compile(r"(?:\"([A-Za-z_][\w.-]*)\"\s*:|\b([A-Za-z_][\w.-]*)\s*=)\s*[\"']?$")
+_MAX_PHONE_DIGITS = 17  # E.164's 15, a trunk or international prefix and a "(0)"
+_GROUP = re.compile(r"\S+")
+_UNIX_TIME = re.compile(r"1\d{9}(?:\d{3})?")
 _PHONE_KEY = re.compile(r"(?i)phone|tel|mobil|cell|fax|contact|whatsapp|sms|hotline|rufnummer|portable|msisdn")
 # Window characters the phone parser reads per string (~0.4 s worst case); beyond it, fail closed.
 PHONE_BUDGET_CHARS = 8_000
@@ -232,6 +238,8 @@ class PhoneFinder:
                 continue  # a date, an amount, an IP address, or a row of them
             if "+" not in raw and _DOTTED.fullmatch(raw) is not None and _DOTTED_PHONE.fullmatch(raw) is None:
                 continue  # 0.84.1075.9711: a version or a dotted ID; dotted phones are grouped 3-3-4 or 2-2-2-2-2
+            if _UNIX_TIME.fullmatch(raw) is not None:
+                continue  # a Unix time in s or ms (2001-2033): no national number is written as 10 digits from 1
             phone_word = _phone_word_before(text, cluster.start())
             if raw.isdigit() and not phone_word:
                 continue  # a bare digit run with no phone word before it is an ID, not a phone
@@ -247,6 +255,7 @@ class PhoneFinder:
                 budget = 0
                 continue
             budget -= len(window)
+            before = len(found)
             parse = _cached_window_phones if len(window) <= _CACHED_WINDOW_CHARS else _window_phones
             for start, end, bare in parse(window, self.regions):
                 start, end = start + offset, end + offset
@@ -254,14 +263,43 @@ class PhoneFinder:
                     continue  # a neighbour cut by the window edge: its own cluster decides
                 if bare and not _phone_word_before(text, start):
                     continue  # a bare digit run with no phone word before it is an ID, not a phone
-                if _GLUED_CODE.match(text, end) is not None or _GLUED_CODE_BEFORE.fullmatch(text, max(0, start - 2), start):
+                if _GLUED_CODE.match(text, end) is not None or _GLUED_CODE_BEFORE.fullmatch(
+                    text, max(0, start - 2), start
+                ):
                     continue  # part of a longer code such as 415-555-2671-X or SKU-415-555-2671
                 for anchor in (end, cluster.end()):  # the window may have cut an extension: read it whole
                     extension = _EXTENSION.match(text, anchor)
                     if extension is not None:
                         end = max(end, extension.end())
                 found.append((start, end))
+            if phone_word and len(found) == before and sum(char.isdigit() for char in raw) > _MAX_PHONE_DIGITS:
+                budget = self._split_run(text, cluster, budget, found)
         return _merge(found)
+
+    def _split_run(self, text: str, cluster: re.Match[str], budget: int, found: list[tuple[int, int]]) -> int:
+        """Numbers listed with only spaces between them ("Tel: 020 7946 0958 020 7946 0959") are one run to the
+        matcher, which then finds neither: after a phone word, take the shortest runs of groups that are numbers."""
+        groups = [(match.start(), match.end()) for match in _GROUP.finditer(text, cluster.start(), cluster.end())]
+        index = 0
+        while index < len(groups):
+            for last in range(index + 1, min(len(groups), index + 6) + 1):
+                start, end = groups[index][0], groups[last - 1][1]
+                digits = sum(char.isdigit() for char in text[start:end])
+                if digits > _MAX_PHONE_DIGITS:
+                    break
+                if digits < 7:
+                    continue
+                if end - start > budget:
+                    found.append((start, cluster.end()))  # over budget: fail closed, unread
+                    return 0
+                budget -= end - start
+                if any(s == 0 and e == end - start for s, e, _ in _cached_window_phones(text[start:end], self.regions)):
+                    found.append((start, end))
+                    index = last
+                    break
+            else:
+                index += 1
+        return budget
 
     def redact(self, text: str) -> str:
         try:

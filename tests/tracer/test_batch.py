@@ -188,7 +188,7 @@ def test_every_span_is_exported_or_counted_when_shutdown_races_many_threads() ->
         )
         start = threading.Barrier(9)
 
-        def produce() -> None:
+        def produce(start: threading.Barrier = start, provider: TracerProvider = provider) -> None:
             start.wait()
             end_spans(provider, 2_000)
 
