@@ -10,7 +10,7 @@ from typing import Any
 _PROBE = r"""
 import gc, json, sys, time
 from tracejudge.consumer.adapters import ConversationEvent, Turn
-from tracejudge.consumer.sessions import SessionStore
+from tracejudge.consumer.conversations import ConversationStore
 
 def rss() -> int:
     with open("/proc/self/status") as status:
@@ -20,7 +20,7 @@ def rss() -> int:
     raise RuntimeError("no VmRSS")
 
 count, turns = int(sys.argv[1]), int(sys.argv[2])
-store = SessionStore(max_open=count + 1, idle_timeout_s=3600)
+store = ConversationStore(max_open=count + 1, idle_timeout_s=3600)
 gc.collect()
 before = rss()
 for c in range(count):

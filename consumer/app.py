@@ -18,11 +18,12 @@ from tracejudge.metrics.calibration import load_hallucination_calibration
 from tracejudge.metrics.transcript import Redactor
 from tracejudge.tracer.redact import redact_pii
 
+from .delivery import JudgementSink
 from .emit import KafkaWriter
 from .emit.otel import EvaluationEmitter
 from .emit.prometheus import ConsumerMetrics
 from .emit.results_topic import ResultsTopic
-from .service import ConsumerService, JudgementSink
+from .service import ConsumerService
 from .settings import Settings
 
 logger = logging.getLogger("tracejudge.consumer")

@@ -1,8 +1,10 @@
 """`tracejudge backfill --from TIME --to TIME`: judge a past time range of the span topic.
 
-Reads the records in the range with manual assignment (no group, no commits), assembles conversations, judges
-those that complete inside the range, reports those still open at --to, and skips conversations whose result id is
-already in the results topic unless --rejudge.
+Reads the records in the range with manual assignment (no group, no commits) through the live consumer's own
+pipeline (`pipeline.py`: the same ingest guard, dead-letter topic, assembly, judges and output fan-out), with record
+timestamps as the clock: a conversation gets the same versions, hence the same result ids, as live. Judges those that
+complete inside the range, reports those still open at --to, and skips conversations whose result id is already in the
+results topic unless --rejudge.
 """
 
 from __future__ import annotations
@@ -17,12 +19,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from .adapters import extract, trace_contexts
-from .decode import decode_record
+from .conversations import JudgeJob
 from .flags import EXIT_USAGE
-from .pool import OUTCOME_JUDGED, OUTCOME_SKIPPED_BUDGET, Judgement
+from .pipeline import Pipeline
+from .pool import OUTCOME_JUDGED, OUTCOME_SAMPLED_OUT, OUTCOME_SKIPPED_BUDGET, Judgement
 from .results import result_id
-from .sessions import JudgeJob, SessionStore
 
 logger = logging.getLogger("tracejudge.backfill")
 # Timestamps within a partition are only roughly ordered (several producers): read this far past --to.
@@ -60,6 +61,7 @@ class BackfillReport:
     scanned: int = 0  # records fetched, in the range or not
     unread_partitions: list[int] = field(default_factory=list)  # not read to the end of the range
     sink_errors: int = 0
+    selected: int = 0  # sent to the judges
 
 
 def _existing_result_ids(consumer_factory: Any, bootstrap: str, topic: str, config: dict[str, Any]) -> set[str]:
@@ -99,12 +101,13 @@ def _existing_result_ids(consumer_factory: Any, bootstrap: str, topic: str, conf
 
 
 def read_range(
-    consumer: Any, topic: str, start_ms: int, end_ms: int, store: SessionStore, report: BackfillReport
-) -> dict[str, int]:
-    """Fold every record with a timestamp in [start, end) into the store; returns each conversation's last ms.
+    consumer: Any, topic: str, start_ms: int, end_ms: int, pipeline: Pipeline, report: BackfillReport
+) -> None:
+    """Run every record with a timestamp in [start, end) through the pipeline, its timestamp as the clock.
 
-    Partitions that could not be read to the end of the range (the reading stopped after MAX_IDLE_POLLS empty polls)
-    are listed in `report.unread_partitions`.
+    Conversations idle by the watermark (the oldest clock of the partitions still being read) are completed and
+    judged while reading. Partitions that could not be read to the end of the range (the reading stopped after
+    MAX_IDLE_POLLS empty polls) are listed in `report.unread_partitions`.
     """
     from kafka import TopicPartition
 
@@ -112,6 +115,7 @@ def read_range(
     assigned = [TopicPartition(topic, p) for p in partitions]
     consumer.assign(assigned)
     done: set[int] = set()
+    clock = dict.fromkeys(partitions, start_ms)  # per partition, the latest record timestamp read
     try:
         starts = consumer.offsets_for_times({tp: start_ms for tp in assigned})
     except Exception:  # brokers without time index support: scan from the beginning and filter by timestamp
@@ -127,7 +131,6 @@ def read_range(
             consumer.pause(tp)
         else:
             consumer.seek_to_beginning(tp)
-    last_seen: dict[str, int] = {}
     idle_polls = 0
     while len(done) < len(assigned):
         batches = consumer.poll(timeout_ms=500, max_records=1000)
@@ -157,16 +160,39 @@ def read_range(
                 if not start_ms <= record.timestamp < end_ms:
                     continue
                 report.records += 1
-                try:  # nothing a record contains may stop the backfill: any exception makes it malformed
-                    spans = decode_record(record.value)
-                    traces = trace_contexts(spans)
-                    events = [e for e in (extract(span, traces) for span in spans) if e is not None]
-                    for event in events:
-                        store.apply(event, tp.partition, record.offset, record.timestamp / 1000)
-                        last_seen[event.conversation_id] = record.timestamp
-                except Exception:
+                clock[tp.partition] = max(clock[tp.partition], record.timestamp)
+                if not pipeline.record(tp.partition, record, record.timestamp / 1000):
                     report.malformed += 1
-    return last_seen
+        watermark = min((ms for p, ms in clock.items() if p not in done), default=end_ms)
+        pipeline.ingest.expire(watermark / 1000)
+        pipeline.dispatch()
+        pipeline.drain()
+
+
+def _selector(namespace: argparse.Namespace, settings: Any, existing: set[str], report: BackfillReport) -> Any:
+    """Which complete conversations backfill judges; the others go out as sampled out (counted by reason)."""
+    from .sampling import Sampler
+
+    rate = namespace.backfill_sample_rate if namespace.backfill_sample_rate is not None else settings.sample_rate
+    sampler = Sampler(rate, settings.agent_sample_rates)
+
+    def select(job: JudgeJob) -> bool:
+        report.complete += 1
+        indices = [t.index for t in job.turns if t.index is not None]
+        if indices and min(indices) > 0:
+            report.partial += 1  # it began before --from: judging part of it would mislead
+        elif namespace.agent and job.agent != namespace.agent:
+            report.skipped_agent += 1
+        elif not sampler.should_judge(job):
+            report.sampled_out += 1
+        elif existing and all(result_id(job.conversation_id, m, job.version) in existing for m in settings.metrics):
+            report.skipped_existing += 1
+        else:
+            report.selected += 1
+            return True
+        return False
+
+    return select
 
 
 def run_backfill(namespace: argparse.Namespace) -> int:
@@ -197,81 +223,55 @@ def run_backfill(namespace: argparse.Namespace) -> int:
     from rich.table import Table
 
     from .app import build_judges, build_outputs
+    from .emit import KafkaWriter
     from .emit.prometheus import ConsumerMetrics
-    from .pool import JudgePool
-    from .sampling import Sampler
 
     console = Console()
     report = BackfillReport()
     start_ms, end_ms = int(start.timestamp() * 1000), int(end.timestamp() * 1000)
-    store = SessionStore(
-        idle_timeout_s=settings.session_idle_timeout, max_open=10**9, max_turns=settings.max_turns_per_conversation
-    )
-    consumer = KafkaConsumer(
-        bootstrap_servers=settings.bootstrap_servers, enable_auto_commit=False, **settings.consumer_config()
-    )
-    try:
-        last_seen = read_range(consumer, settings.topic, start_ms, end_ms, store, report)
-    finally:
-        consumer.close()
-    # Conversations that went quiet for the idle timeout before --to are complete; the rest are still open.
-    for cid, conversation in list(store.open.items()):
-        if (end_ms - last_seen.get(cid, end_ms)) / 1000 >= settings.session_idle_timeout and conversation.turns:
-            store.complete(cid, "idle_timeout")
-        else:
-            report.still_open.append(cid)
-    jobs = store.take_ready()
     existing = set()
     if settings.results_topic and not namespace.rejudge:
         existing = _existing_result_ids(
             KafkaConsumer, settings.bootstrap_servers, settings.results_topic, settings.consumer_config()
         )
-    sampler = Sampler(
-        namespace.backfill_sample_rate if namespace.backfill_sample_rate is not None else settings.sample_rate,
-        settings.agent_sample_rates,
-    )
-    selected: list[JudgeJob] = []
-    for job in jobs:
-        report.complete += 1
-        indices = [t.index for t in job.turns if t.index is not None]
-        if indices and min(indices) > 0:
-            report.partial += 1  # it began before --from: judging part of it would mislead
-            continue
-        if namespace.agent and job.agent != namespace.agent:
-            report.skipped_agent += 1
-            continue
-        if not sampler.should_judge(job):
-            report.sampled_out += 1
-            continue
-        if existing and all(result_id(job.conversation_id, name, job.version) in existing for name in settings.metrics):
-            report.skipped_existing += 1
-            continue
-        selected.append(job)
-
-    outputs = build_outputs(settings, service_name="tracejudge-backfill")
     prometheus = ConsumerMetrics(CollectorRegistry(), max_agents=settings.max_agents)
-    finished: list[Judgement] = []
-
-    def done(judgement: Judgement) -> None:
-        """Always counts the judgement as finished: a sink that raises must not leave the wait below hanging."""
-        try:
-            prometheus.record_judgement(judgement)
-            for sink in outputs.sinks:
-                try:
-                    sink.emit(judgement)
-                except Exception:
-                    report.sink_errors += 1
-                    logger.exception("a result sink failed for conversation %s", judgement.job.conversation_id)
-        finally:
-            finished.append(judgement)
-
-    pool = JudgePool(
+    outputs = build_outputs(
+        settings, service_name="tracejudge-backfill", on_output_error=prometheus.record_output_error
+    )
+    dead_letter = None
+    if settings.dead_letter_topic:
+        dead_letter = KafkaWriter(
+            settings.bootstrap_servers,
+            settings.dead_letter_topic,
+            on_error=lambda: prometheus.record_output_error("dead_letter"),
+            **settings.producer_config(),
+        ).start()
+    # Feedback agreement is not joined: its retention runs on wall time, and backfill's registry is thrown away.
+    pipeline = Pipeline(
+        settings,
         build_judges(settings),
-        done,
-        max_concurrency=settings.max_concurrency,
-        max_requests_per_minute=settings.max_requests_per_minute,
-        max_cost_per_hour=settings.max_cost_per_hour,
-    ).start()
+        prometheus,
+        _selector(namespace, settings, existing, report),
+        sinks=outputs.sinks,
+        dead_letter=dead_letter,
+        max_open=10**9,  # no backpressure: the range is read once
+    )
+    finished: list[Judgement] = []
+    pipeline.on_finished = lambda judgement: (
+        finished.append(judgement) if judgement.outcome != OUTCOME_SAMPLED_OUT else None
+    )
+    pipeline.pool.start()
+    consumer = KafkaConsumer(
+        bootstrap_servers=settings.bootstrap_servers, enable_auto_commit=False, **settings.consumer_config()
+    )
+    try:
+        read_range(consumer, settings.topic, start_ms, end_ms, pipeline, report)
+    finally:
+        consumer.close()
+    # Conversations that went quiet for the idle timeout before --to are complete; the rest are still open.
+    pipeline.ingest.expire(end_ms / 1000)
+    pipeline.dispatch()
+    report.still_open = list(pipeline.store.open)
     with Progress(
         TextColumn("{task.description}"),
         BarColumn(),
@@ -280,17 +280,30 @@ def run_backfill(namespace: argparse.Namespace) -> int:
         TextColumn("${task.fields[cost]:.4f}"),
         console=console,
     ) as progress:
-        task = progress.add_task("backfill: judging", total=len(selected), cost=0.0)
-        for job in selected:
-            pool.submit(job)
-        while len(finished) < len(selected) and pool.pending:  # pending counts down even if a callback fails
-            cost = sum(r.cost_usd or 0 for j in list(finished) for r in j.results)
-            progress.update(task, completed=len(finished), cost=cost)
-            time.sleep(0.1)
-        progress.update(task, completed=len(finished), cost=sum(r.cost_usd or 0 for j in finished for r in j.results))
-    pool.stop(settings.shutdown_grace)
+        task = progress.add_task("backfill: judging", total=report.selected, cost=0.0)
+        writes_end: float | None = None  # results still being written get the grace period once judging is over
+        while True:
+            pipeline.drain()  # may re-complete a conversation not judged that got negative feedback meanwhile
+            dispatched = pipeline.dispatch()
+            cost = sum(r.cost_usd or 0 for j in finished for r in j.results)
+            progress.update(task, total=report.selected, completed=len(finished), cost=cost)
+            if dispatched or pipeline.pool.pending:  # pending counts down even if a sink fails
+                time.sleep(0.1)
+                continue
+            if not pipeline.delivery.awaiting:
+                break
+            writes_end = writes_end or time.monotonic() + settings.shutdown_grace
+            if time.monotonic() >= writes_end:
+                break
+            time.sleep(0.05)
+    pipeline.pool.stop(settings.shutdown_grace)
     outputs.close()
-    for judgement in finished:
+    if dead_letter is not None:
+        dead_letter.close()
+    pipeline.drain()
+    report.sink_errors = pipeline.delivery.sink_errors
+    judgements = finished + [j for j in pipeline.delivery.undelivered() if j.outcome != OUTCOME_SAMPLED_OUT]
+    for judgement in judgements:
         if judgement.outcome == OUTCOME_JUDGED:
             report.judged += 1
         elif judgement.outcome == OUTCOME_SKIPPED_BUDGET:
@@ -329,5 +342,5 @@ def run_backfill(namespace: argparse.Namespace) -> int:
     summary_path = os.environ.get("TRACEJUDGE_BACKFILL_SUMMARY")
     if summary_path:
         with open(summary_path, "w", encoding="utf-8") as handle:
-            json.dump(report.__dict__ | {"judged_ids": sorted(j.job.conversation_id for j in finished)}, handle)
+            json.dump(report.__dict__ | {"judged_ids": sorted(j.job.conversation_id for j in judgements)}, handle)
     return EXIT_INCOMPLETE if report.unread_partitions else 0

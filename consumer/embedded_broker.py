@@ -55,10 +55,6 @@ class EmbeddedBroker:
     def bootstrap_servers(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    @property
-    def running(self) -> bool:
-        return self._process is not None and self._process.poll() is None
-
     def start(self, timeout_s: float = 15.0) -> EmbeddedBroker:
         url = f"tcp://{self.bootstrap_servers}"
         self._process = subprocess.Popen(

@@ -1,7 +1,8 @@
 """What may be committed: per partition, nothing past the first offset an open or in-flight conversation needs.
 
-The poll thread records positions and holds; the judge pool releases holds when a judgement is done. A lock makes
-that hand-over safe; only the poll thread ever talks to the Kafka consumer.
+Written only on the poll thread (positions as records are read, holds as conversations open and as their outputs
+become durable) and by the rebalance listener, which runs while the poll thread waits in `poll()`. The lock is for
+readers on other threads: `held()` and `positions()` (tests, the ingest benchmark).
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from tracejudge.metrics import ConversationalEvalTestCase, EvalTestCase, HolisticJudgeMetric, MetricResult
 
-from .sessions import JudgeJob
+from .conversations import JudgeJob
 
 logger = logging.getLogger("tracejudge.consumer.pool")
 
@@ -128,17 +128,15 @@ class SpendWindow:
 class JudgePool:
     def __init__(
         self,
-        metrics: Sequence[HolisticJudgeMetric],
+        judges: Sequence[HolisticJudgeMetric],
         on_done: Callable[[Judgement], None],
         *,
         max_concurrency: int = 16,
         max_requests_per_minute: float | None = None,
         max_cost_per_hour: float | None = None,
-        on_call: Callable[[str, bool], None] | None = None,
     ) -> None:
-        self.metrics = list(metrics)
+        self.judges = list(judges)
         self.on_done = on_done
-        self.on_call = on_call
         self.max_concurrency = max_concurrency
         self.bucket = TokenBucket(max_requests_per_minute)
         self.budget = SpendWindow(max_cost_per_hour)
@@ -180,7 +178,7 @@ class JudgePool:
         task.add_done_callback(self._tasks.discard)
 
     async def _evaluate(
-        self, metric: HolisticJudgeMetric, case: ConversationalEvalTestCase, *, force: bool
+        self, judge: HolisticJudgeMetric, case: ConversationalEvalTestCase, *, force: bool
     ) -> MetricResult | None:
         """One judge call, or None when the budget refuses it: decided here, after the concurrency slot and the
         rate limit, so every call already in flight is counted (a burst cannot all pass an earlier check)."""
@@ -192,13 +190,11 @@ class JudgePool:
             self.in_flight += 1
             cost: float | None = None
             try:
-                result = await metric.evaluate(case)
+                result = await judge.evaluate(case)
                 cost = result.cost_usd or 0.0
             finally:
                 self.in_flight -= 1
                 self.budget.settle(cost)
-        if self.on_call is not None:
-            self.on_call(metric.name, result.error is None)
         return result
 
     async def _judge(self, job: JudgeJob) -> None:
@@ -212,7 +208,7 @@ class JudgePool:
                 )
                 # Negative feedback is judged whatever the budget (as whatever the sample rate); its cost still counts.
                 force = job.negative_feedback
-                calls = await asyncio.gather(*(self._evaluate(m, case, force=force) for m in self.metrics))
+                calls = await asyncio.gather(*(self._evaluate(j, case, force=force) for j in self.judges))
                 results = [r for r in calls if r is not None]
                 if len(results) < len(calls):
                     outcome = OUTCOME_SKIPPED_BUDGET  # the results of calls made before the budget ran out are kept
@@ -231,21 +227,41 @@ class JudgePool:
                 self._pending -= 1
 
     def stop(self, grace_s: float = 30.0) -> bool:
-        """Stop accepting; let in-flight judgements finish within the grace period; True when all finished."""
+        """Stop accepting; True when every judgement finished within the grace period.
+
+        As aiokafka closes its fetcher: a drain coroutine on the loop waits for the judgements up to the grace period,
+        cancels the rest (and any other task on the loop) and gathers them (their `finally` blocks run), shuts down
+        async generators; then the loop stops, the thread is joined and the loop closed.
+        """
         self._accepting = False
         if not self._thread.is_alive():
-            return True
-        deadline = time.monotonic() + grace_s
-        while self.pending and time.monotonic() < deadline:
-            time.sleep(0.05)
-        finished = self.pending == 0
+            if not self._loop.is_closed():
+                self._loop.close()
+            return self.pending == 0
 
-        def cancel_all() -> None:
-            for task in list(self._tasks):
+        async def drain() -> bool:
+            await asyncio.sleep(0)  # jobs submitted just before the stop get their task first
+            tasks, left = set(self._tasks), set()
+            if tasks:
+                _done, left = await asyncio.wait(tasks, timeout=grace_s)
+                for task in left:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+            # Tasks the judges' libraries started here (LiteLLM's logging worker): cancelled as asyncio.run does.
+            others = asyncio.all_tasks() - {asyncio.current_task()}
+            for task in others:
                 task.cancel()
+            await asyncio.gather(*others, return_exceptions=True)
+            await self._loop.shutdown_asyncgens()
+            return not left
 
-        self._loop.call_soon_threadsafe(cancel_all)
-        time.sleep(0.05)
+        finished = False
+        try:
+            finished = asyncio.run_coroutine_threadsafe(drain(), self._loop).result(grace_s + 5.0)
+        except Exception as exc:  # a task that ignores cancellation: the thread is a daemon, the loop left running
+            logger.warning("stopping the judge pool: %r", exc)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(5)
+        if not self._thread.is_alive():
+            self._loop.close()
         return finished

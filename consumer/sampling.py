@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping
 
-from .sessions import JudgeJob
+from .conversations import JudgeJob
 
 
 def sample_point(conversation_id: str) -> float:

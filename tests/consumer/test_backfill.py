@@ -265,3 +265,97 @@ def test_backfill_finishes_when_a_sink_raises_and_reports_unread_partitions(
     assert report["judged"] == 4 and sink.calls == 4 and report["sink_errors"] == 4
     unread = report["unread_partitions"]
     print(f"\nbackfill: a sink raised on all {sink.calls} judgements, finished; unread {unread}, exit {code}")
+
+
+# One pipeline: backfill runs the live consumer's ingest, assembly and outputs, with record timestamps as its clock.
+
+
+def turn_record(tracer, conversation: str, index: int, *, ended: bool) -> bytes:
+    """One turn (turn index `index`) of a conversation, with its end marker when `ended`."""
+    span = tracer.start_span(
+        "invoke_agent support",
+        attributes={
+            "gen_ai.conversation.id": conversation,
+            "gen_ai.agent.name": "support",
+            "gen_ai.operation.name": "invoke_agent",
+            "tracejudge.turn.index": index,
+            "gen_ai.input.messages": json.dumps(
+                [{"role": "user", "parts": [{"type": "text", "content": f"{conversation} q{index}"}]}]
+            ),
+            "gen_ai.output.messages": json.dumps([{"role": "assistant", "parts": [{"type": "text", "content": "a"}]}]),
+        },
+    )
+    span.end()
+    spans = [span]
+    if ended:
+        marker = tracer.start_span(
+            "end_conversation",
+            attributes={"gen_ai.conversation.id": conversation, "tracejudge.conversation.ended": True},
+        )
+        marker.end()
+        spans.append(marker)
+    return encode_spans(spans).SerializeToString()
+
+
+def test_backfill_gives_the_live_result_ids_and_versions(
+    broker: EmbeddedBroker, topic: str, judge_server: JudgeServer, tmp_path: Path, monkeypatch
+) -> None:
+    """The same stream judged live and by backfill: identical result ids and versions, also for a conversation with
+    an idle gap longer than the idle timeout between its turns (live: judged at the gap as version 1, then again as
+    version 2; backfill sees the gap in the record timestamps). A second backfill into the live results topic judges
+    nothing: every result id is already there."""
+    from tests.support.pipeline import RunningConsumer, consumer_settings, result_records, wait_for
+
+    judge_server.responder = scripted_judge
+    idle_s, gap_s = 1.5, 3.5
+    live_results, backfill_results = f"{topic}-live", f"{topic}-backfill"
+    broker.create_topic(live_results, 1)
+    broker.create_topic(backfill_results, 1)
+    tracer = TracerProvider().get_tracer("backfill")
+    start_ms = int(time.time() * 1000) - 60_000
+    producer = KafkaProducer(bootstrap_servers=broker.bootstrap_servers)
+
+    def send(conversation: str, value: bytes) -> None:
+        producer.send(topic, key=conversation.encode(), value=value)  # CreateTime: the producer's wall clock
+        producer.flush()
+
+    settings = consumer_settings(
+        broker.bootstrap_servers,
+        topic,
+        metrics="failure_rate",
+        results_topic=live_results,
+        session_idle_timeout=idle_s,
+    )
+    with RunningConsumer(settings) as live:
+        send("gap", turn_record(tracer, "gap", 0, ended=False))
+        for name in ("plain-0", "plain-1"):
+            send(name, turn_record(tracer, name, 0, ended=False))
+            send(name, turn_record(tracer, name, 1, ended=True))
+        gap_started = time.monotonic()
+        wait_for(lambda: live.sessions("judged") == 3, what="the gap conversation judged when it went idle")
+        time.sleep(max(0.0, gap_s - (time.monotonic() - gap_started)))
+        send("gap", turn_record(tracer, "gap", 1, ended=True))
+        wait_for(lambda: live.sessions("judged") == 4, what="the gap conversation judged again after the gap")
+        live_records = result_records(broker, live_results, 4)
+    producer.close()
+    end_ms = int(time.time() * 1000) + 60_000
+    assert sorted((r["conversation_id"], r["version"]) for r in live_records) == [
+        ("gap", 1),
+        ("gap", 2),
+        ("plain-0", 2),
+        ("plain-1", 2),
+    ]
+
+    summary = tmp_path / "summary.json"
+    monkeypatch.setenv("TRACEJUDGE_BACKFILL_SUMMARY", str(summary))
+    args = [*backfill_args(broker, topic, start_ms, end_ms), "--session-idle-timeout", str(idle_s)]
+    code, report = run_in_process([*args, "--results-topic", backfill_results], summary)
+    assert code == 0 and report["judged"] == 4 and report["still_open"] == []
+    backfilled = result_records(broker, backfill_results, 4)
+    assert sorted((r["result_id"], r["version"]) for r in backfilled) == sorted(
+        (r["result_id"], r["version"]) for r in live_records
+    )
+
+    code, again = run_in_process([*args, "--results-topic", live_results], summary)
+    assert code == 0 and again["judged"] == 0 and again["skipped_existing"] == 4
+    print(f"\nlive and backfill: {len(backfilled)} identical result ids, versions {[r['version'] for r in backfilled]}")

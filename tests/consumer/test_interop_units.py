@@ -14,10 +14,10 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from tests.support.pipeline import read_all
 from tracejudge.consumer.adapters import ConversationEvent, Turn, extract, trace_contexts
+from tracejudge.consumer.conversations import Conversation, ConversationStore
 from tracejudge.consumer.decode import decode_record
 from tracejudge.consumer.embedded_broker import EmbeddedBroker
 from tracejudge.consumer.exchanges import exchanges
-from tracejudge.consumer.sessions import Conversation, SessionStore
 from tracejudge.tracer import ConversationSpanProcessor, conversation, traced_agent
 from tracejudge.tracer.exporter import KafkaSpanExporter, record_keys
 from tracejudge.tracer.identity import agent_name, conversation_id
@@ -182,7 +182,7 @@ def test_structured_text_beats_a_parents_body() -> None:
 
 
 def test_a_named_agent_beats_the_service_name_a_child_fell_back_to() -> None:
-    store = SessionStore()
+    store = ConversationStore()
     child = ConversationEvent("c", "refund-service", turn("c1", "a1", 10, 20, "q", "x"), agent_named=False)
     parent = ConversationEvent("c", "refund-agent", turn("a1", "", 0, 30, None, None))
     later = ConversationEvent("c", "other-service", turn("c2", "", 40, 50, "q2", "y"), agent_named=False)
@@ -232,7 +232,7 @@ def test_a_call_that_spoke_then_asked_for_a_tool_and_the_call_after_it_are_one_e
 
 
 def test_the_turn_cap_counts_exchanges_not_spans() -> None:
-    store = SessionStore(max_turns=2, idle_timeout_s=10)
+    store = ConversationStore(max_turns=2, idle_timeout_s=10)
     # Spans end child first: chat 1, its agent span, then chat 2.
     spans = [("c1", "a1", 10, 90, "q1", "x1"), ("a1", "", 0, 100, None, None), ("c2", "a2", 210, 290, "q2", "x2")]
     for span in spans[:2]:

@@ -100,11 +100,11 @@ def test_partitions_assigned_while_paused_start_paused(
     group = f"bp-{uuid.uuid4().hex[:6]}"
     settings = consumer_settings(broker.bootstrap_servers, topic, group_id=group, metrics="failure_rate")
     paused = RunningConsumer(settings)
-    paused.app.service.max_pending = 2  # two judgements waiting are "full": a small value of the tuning knob
+    paused.app.service.partitions.max_pending = 2  # two judgements waiting are "full": a small value of the tuning knob
     with paused:
         wait_for(lambda: len(assigned(paused)) == 3, what="three partitions assigned")
         play(provider, {f"bp-{i}": [(f"bp q{i}", "a")] for i in range(3)})
-        wait_for(lambda: paused.app.service._paused, what="backpressure on")
+        wait_for(lambda: paused.app.service.partitions.paused, what="backpressure on")
         # A second member joins: every partition is revoked and reassigned (eager rebalance).
         other = RunningConsumer(consumer_settings(broker.bootstrap_servers, topic, group_id=group))
         with other:
@@ -126,7 +126,7 @@ def test_partitions_assigned_while_paused_start_paused(
             read_while_paused = paused.value("tracejudge_records_total", outcome="ok") - read_before
             assert kafka.paused() == kafka.assignment() and read_while_paused == 0
             release.set()
-            wait_for(lambda: not paused.app.service._paused, what="backpressure released")
+            wait_for(lambda: not paused.app.service.partitions.paused, what="backpressure released")
             wait_for(
                 lambda: paused.value("tracejudge_records_total", outcome="ok") > read_before,
                 what="reading again after the pressure went",
@@ -176,13 +176,13 @@ def test_a_revoked_partition_that_comes_back_is_read_afresh() -> None:
     partition that were completed (not yet dispatched, or in the judge pool) must not make its re-read records look
     like duplicates, or the conversation is never judged again and is committed past."""
     from tracejudge.consumer.adapters import ConversationEvent, Turn
-    from tracejudge.consumer.sessions import SessionStore
+    from tracejudge.consumer.conversations import ConversationStore
 
     def records(cid: str) -> list[ConversationEvent]:
         turn = Turn(span_id=f"{cid}-s", trace_id="t", parent_span_id="", start_ns=1, end_ns=2, input="q", output="a")
         return [ConversationEvent(cid, "a", turn=turn), ConversationEvent(cid, "a", ended=True)]
 
-    store = SessionStore()
+    store = ConversationStore()
     for offset, event in enumerate(records("in-pool")):
         store.apply(event, 0, offset, 0.0)
     in_pool = store.take_ready()  # dispatched: its judge call is running

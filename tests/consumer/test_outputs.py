@@ -12,11 +12,11 @@ from tests.support.judge_server import JudgeServer, Reply, metric_of
 from tests.support.otlp_receiver import OtlpReceiver, attributes
 from tests.support.pipeline import RunningConsumer, consumer_settings, play, read_records, traced_app, wait_for
 from tracejudge.consumer.adapters import Turn
+from tracejudge.consumer.conversations import JudgeJob
 from tracejudge.consumer.embedded_broker import EmbeddedBroker
 from tracejudge.consumer.emit.prometheus import ConsumerMetrics
 from tracejudge.consumer.pool import Judgement
 from tracejudge.consumer.results import result_id
-from tracejudge.consumer.sessions import JudgeJob
 from tracejudge.metrics import MetricResult
 
 

@@ -17,11 +17,11 @@ from tests.support.otlp_receiver import OtlpReceiver, attributes
 from tests.support.pipeline import RunningConsumer, consumer_settings, play, read_all, traced_app, wait_for
 from tracejudge.consumer.adapters import Turn
 from tracejudge.consumer.app import build_app
+from tracejudge.consumer.conversations import JudgeJob
 from tracejudge.consumer.embedded_broker import EmbeddedBroker
 from tracejudge.consumer.emit.prometheus import ConsumerMetrics, trace_exemplar
 from tracejudge.consumer.pool import Judgement
 from tracejudge.consumer.service import ConsumerService
-from tracejudge.consumer.sessions import JudgeJob
 from tracejudge.metrics import ConversationalFlowRateMetric, CustomLLMClient, FailureRateMetric, MetricResult
 
 OPENMETRICS = "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5"

@@ -9,9 +9,9 @@ import pytest
 
 from tracejudge.consumer.adapters import ConversationEvent, Turn
 from tracejudge.consumer.cli import build_parser, settings_from_args
+from tracejudge.consumer.conversations import ConversationStore
 from tracejudge.consumer.offsets import OffsetTracker
 from tracejudge.consumer.sampling import Sampler, sample_point
-from tracejudge.consumer.sessions import SessionStore
 
 
 def test_flag_beats_environment_beats_default(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -81,7 +81,7 @@ def turn(span_id: str, index: int) -> Turn:
 
 
 def test_sessions_dedupe_cap_and_continuation() -> None:
-    store = SessionStore(max_turns=3, idle_timeout_s=10)
+    store = ConversationStore(max_turns=3, idle_timeout_s=10)
     assert store.apply(ConversationEvent("c", "bot", turn("s0", 0)), 0, 5, 0.0) is not None
     assert store.apply(ConversationEvent("c", "bot", turn("s0", 0)), 0, 6, 0.0) is None  # duplicate span
     assert store.counts.duplicate_spans == 1
@@ -98,3 +98,47 @@ def test_sessions_dedupe_cap_and_continuation() -> None:
     store.apply(ConversationEvent("idle", "bot", turn("x0", 0)), 1, 1, 2.0)
     assert store.expire_idle(11.0) == [] and store.take_ready() == []  # 9 s idle: not yet
     assert store.expire_idle(12.5) == [] and store.take_ready()[0].completed_by == "idle_timeout"
+
+
+def test_idleness_is_decided_by_the_clock_passed_in_not_by_when_expiry_runs() -> None:
+    """A turn that comes after an idle gap completes the earlier version first (the live consumer's wall clock and
+    backfill's record timestamps give the same versions), even if `expire_idle` did not run in the gap."""
+    store = ConversationStore(idle_timeout_s=10)
+    store.apply(ConversationEvent("c", "bot", turn("s0", 0)), 0, 1, 0.0)
+    store.apply(ConversationEvent("c", "bot", turn("s1", 1)), 0, 2, 9.0)  # 9 s: the same version
+    store.apply(ConversationEvent("c", "bot", turn("s2", 2)), 0, 3, 19.5)  # 10.5 s idle: version 2 completes first
+    (first,) = store.take_ready()
+    assert first.version == 2 and first.completed_by == "idle_timeout"
+    store.apply(ConversationEvent("c", "bot", ended=True), 0, 4, 20.0)
+    (second,) = store.take_ready()
+    assert second.version == 3 and second.completed_by == "end_marker"
+
+
+def test_judge_pool_stop_drains_cancels_and_closes_its_loop() -> None:
+    """stop(): judgements done within the grace period finish, the rest are cancelled; the loop closed, thread gone."""
+    import asyncio
+
+    from tracejudge.consumer.pool import JudgePool
+    from tracejudge.metrics import MetricResult
+
+    class Judge:
+        name = "failure_rate"
+
+        async def evaluate(self, case):  # type: ignore[no-untyped-def]
+            if case.name == "slow":
+                await asyncio.sleep(60)
+            return MetricResult(name=self.name, threshold=0.5, model="m", score=1.0, verdict="honest_fallback")
+
+    store = ConversationStore(idle_timeout_s=10)
+    for cid in ("fast", "slow"):
+        store.apply(ConversationEvent(cid, "bot", turn(f"{cid}-0", 0), ended=True), 0, 1, 0.0)
+    fast, slow = store.take_ready()
+    done: list[str] = []
+    pool = JudgePool([Judge()], lambda j: done.append(j.job.conversation_id)).start()  # type: ignore[list-item]
+    pool.submit(fast)
+    pool.submit(slow)
+    assert pool.stop(0.3) is False  # the slow one was still running at the end of the grace period
+    assert done == ["fast"] and pool.pending == 0 and not pool._thread.is_alive() and pool._loop.is_closed()
+    finished = JudgePool([Judge()], lambda j: done.append(j.job.conversation_id)).start()  # type: ignore[list-item]
+    finished.submit(fast)
+    assert finished.stop(5.0) is True and finished._loop.is_closed()

@@ -79,7 +79,7 @@ def fold(value: bytes) -> None:
     record = ConsumerRecord("fuzz", 0, -1, _INGEST["offset"], 0, 0, b"k", value, [], None, 1, len(value), 0)
     counted = service.prometheus.records.labels(outcome="ok")._value.get()
     counted += service.prometheus.records.labels(outcome="malformed")._value.get()
-    service._ingest(0, record, time.monotonic())
+    service.pipeline.record(0, record, time.monotonic())
     after = service.prometheus.records.labels(outcome="ok")._value.get()
     after += service.prometheus.records.labels(outcome="malformed")._value.get()
     assert after == counted + 1

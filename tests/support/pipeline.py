@@ -51,8 +51,8 @@ class RunningConsumer:
 
     def __init__(self, settings: Settings, **app_kwargs: Any) -> None:
         self.app: App = build_app(settings, registry=CollectorRegistry(), **app_kwargs)
-        for metric in self.app.service.pool.metrics:
-            metric.retry_policy.base_delay_s = 0.01
+        for judge in self.app.service.pool.judges:
+            judge.retry_policy.base_delay_s = 0.01
         self.thread = threading.Thread(target=self.app.run, name="consumer-under-test", daemon=True)
 
     def __enter__(self) -> RunningConsumer:

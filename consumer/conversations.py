@@ -1,6 +1,7 @@
 """Conversation assembly: turns by conversation id, de-duplicated, completed by end marker, idle timeout or cap.
 
-Only the poll thread touches a SessionStore; the judge pool gets immutable JudgeJob snapshots.
+Only the poll thread (or backfill's reading thread) changes a ConversationStore, and the rebalance listener while the
+poll thread waits in `poll()`; the judge pool gets immutable JudgeJob snapshots.
 
 A conversation's lifecycle: open → completing (in `ready`, not yet dispatched) → judging (dispatched: being judged,
 sampled out or skipped for budget, its outputs not yet durable) → done (kept in a bounded LRU of `max_done`, with its
@@ -18,10 +19,12 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from tracejudge.tracer.text import clip
+
 from .adapters import ConversationEvent, Feedback, Turn
 from .exchanges import exchanges
 
-logger = logging.getLogger("tracejudge.consumer.sessions")
+logger = logging.getLogger("tracejudge.consumer.conversations")
 MAX_FIELD_CHARS = 16_000
 MAX_SPANS_PER_TURN = 4  # turn spans kept per turn of the cap (nested spans of one exchange) before it cuts
 _generation = itertools.count(1)
@@ -70,7 +73,7 @@ class Conversation:
     judged: bool = False
     feedback: list[Feedback] = field(default_factory=list)
     agent_named: bool = False
-    next_cap_check: int = 0  # span count at which the turn cap counts exchanges again (see SessionStore)
+    next_cap_check: int = 0  # span count at which the turn cap counts exchanges again (see ConversationStore)
 
     def turn_count(self, turns: Sequence[Turn] | None = None) -> int:
         """Real exchanges (nested and duplicate spans are not turns); turn indices cover turns before a restart."""
@@ -94,21 +97,17 @@ class Conversation:
         )
 
 
-def _clip(text: str | None) -> str | None:
-    if text is None or len(text) <= MAX_FIELD_CHARS:
-        return text
-    return f"{text[:MAX_FIELD_CHARS]} …[{len(text) - MAX_FIELD_CHARS} characters truncated]"
-
-
 @dataclass
-class StoreCounts:
+class ConversationCounts:
+    """What the store dropped or cut, for tests and benchmarks (`ConversationStore.counts`)."""
+
     duplicate_spans: int = 0
     truncated_conversations: int = 0
     dropped_empty: int = 0
     unreadable: int = 0  # conversations whose snapshot raised: dropped, their holds released
 
 
-class SessionStore:
+class ConversationStore:
     """Open conversations (by last activity), those being judged, and recently judged ones (for continuations)."""
 
     def __init__(
@@ -128,7 +127,7 @@ class SessionStore:
         self.done: OrderedDict[str, Conversation] = OrderedDict()
         self._ready: list[tuple[Conversation, str]] = []
         self._unreadable: list[str] = []
-        self.counts = StoreCounts()
+        self.counts = ConversationCounts()
 
     def __len__(self) -> int:
         return len(self.open)
@@ -141,6 +140,11 @@ class SessionStore:
         """Fold one event in; returns the key of a conversation that now needs an offset hold, if any."""
         cid = event.conversation_id
         conversation = self.open.get(cid)
+        if conversation is not None and conversation.turns and now - conversation.last_seen >= self.idle_timeout_s:
+            # Idle before this event came: complete it first, so idleness is decided by the conversation's own
+            # clock (wall time live, record timestamps in backfill), never by when `expire_idle` happened to run.
+            self._complete(conversation, "idle_timeout")
+            conversation = None
         new_hold: str | None = None
         if conversation is None:
             previous = self.judging.get(cid) or self.done.get(cid)
@@ -189,7 +193,8 @@ class SessionStore:
             if turn.span_id in conversation.turns:
                 self.counts.duplicate_spans += 1
             else:
-                turn.input, turn.output = _clip(turn.input), _clip(turn.output)
+                turn.input = None if turn.input is None else clip(turn.input, MAX_FIELD_CHARS)
+                turn.output = None if turn.output is None else clip(turn.output, MAX_FIELD_CHARS)
                 conversation.turns[turn.span_id] = turn
         if event.ended:
             conversation.ended = True

@@ -1,0 +1,92 @@
+"""The output fan-out: every finished judgement to Prometheus and each result sink, then tracked until durable.
+
+A sink that raises is logged and counted, never fatal. A sink may return events set once its output is durable (the
+results topic: acknowledged by the broker); a judgement is handed to `drain()`'s `finish` only when all are set, so
+its conversation's offset hold stays until then (a failed output keeps its hold, across a restart too).
+`judged`/`not_judged` run on the pool's or the poll thread; `drain` on the poll thread (or the rebalance listener
+while the poll thread waits in `poll()`).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+from .emit.prometheus import ConsumerMetrics
+from .feedback import FeedbackJoiner
+from .pool import Judgement
+
+logger = logging.getLogger("tracejudge.consumer")
+
+
+class JudgementSink(Protocol):
+    """Receives every finished judgement; may return events that are set once the output is durable."""
+
+    def emit(self, judgement: Judgement) -> Any: ...
+
+
+class Delivery:
+    def __init__(
+        self, prometheus: ConsumerMetrics, sinks: Sequence[JudgementSink], *, feedback: FeedbackJoiner | None = None
+    ) -> None:
+        self.prometheus = prometheus
+        self.sinks = list(sinks)
+        self.feedback = feedback
+        self.judgements = 0  # judged (not sampled out) in this run
+        self.sink_errors = 0
+        self._errors_lock = threading.Lock()  # sinks run on the pool thread and (sampled out) the poll thread
+        self._done: queue.SimpleQueue[tuple[Judgement, list[threading.Event]]] = queue.SimpleQueue()
+        self._awaiting: list[tuple[Judgement, list[threading.Event]]] = []
+
+    @property
+    def awaiting(self) -> int:
+        """Judgements whose outputs are not yet known durable (as of the last `drain()`)."""
+        return len(self._awaiting)
+
+    def judged(self, judgement: Judgement) -> None:
+        """The pool's `on_done`: a judgement (judged, failed or skipped for budget) is out."""
+        self.judgements += 1
+        if self.feedback is not None:
+            self.feedback.verdicts(judgement)
+        self._done.put((judgement, self._emit(judgement)))
+
+    def not_judged(self, judgement: Judgement) -> None:
+        """A conversation that was not sent to the judges (sampled out): its outcome goes out all the same."""
+        self._done.put((judgement, self._emit(judgement)))
+
+    def _emit(self, judgement: Judgement) -> list[threading.Event]:
+        self.prometheus.record_judgement(judgement)
+        deliveries: list[threading.Event] = []
+        for sink in self.sinks:
+            try:
+                acknowledged = sink.emit(judgement)
+            except Exception:
+                with self._errors_lock:
+                    self.sink_errors += 1
+                logger.exception("a result sink failed for conversation %s", judgement.job.conversation_id)
+                continue
+            if isinstance(acknowledged, list):
+                deliveries.extend(acknowledged)
+        return deliveries
+
+    def drain(self, finish: Callable[[Judgement], None]) -> None:
+        """`finish` every judgement whose outputs are durable; the others keep waiting."""
+        while True:
+            try:
+                self._awaiting.append(self._done.get_nowait())
+            except queue.Empty:
+                break
+        waiting = []
+        for judgement, deliveries in self._awaiting:
+            if all(delivered.is_set() for delivered in deliveries):
+                finish(judgement)
+            else:
+                waiting.append((judgement, deliveries))
+        self._awaiting = waiting
+
+    def undelivered(self) -> list[Judgement]:
+        """Judgements still waiting for their outputs (at shutdown: left uncommitted)."""
+        return [judgement for judgement, _ in self._awaiting]
