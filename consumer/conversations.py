@@ -182,7 +182,7 @@ class ConversationStore:
             new_hold = conversation.key
         else:
             self.open.move_to_end(cid)
-            conversation.last_seen = now
+            conversation.last_seen = max(conversation.last_seen, now)  # backfill: timestamps only roughly ordered
         if event.agent and (not conversation.agent or (event.agent_named and not conversation.agent_named)):
             # A named agent (gen_ai.agent.name, the framework's) beats the service.name a child span fell back to.
             conversation.agent, conversation.agent_named = event.agent, event.agent_named
@@ -227,12 +227,6 @@ class ConversationStore:
             conversation.feedback.append(feedback)
         if feedback.negative:
             conversation.negative_feedback = True
-
-    def complete(self, conversation_id: str, completed_by: str) -> None:
-        """Complete an open conversation now (backfill decides idleness from record timestamps)."""
-        conversation = self.open.get(conversation_id)
-        if conversation is not None and conversation.turns:
-            self._complete(conversation, completed_by)
 
     def _complete(self, conversation: Conversation, completed_by: str) -> None:
         self.open.pop(conversation.id, None)

@@ -50,7 +50,10 @@ class Delivery:
         """The pool's `on_done`: a judgement (judged, failed or skipped for budget) is out."""
         self.judgements += 1
         if self.feedback is not None:
-            self.feedback.verdicts(judgement)
+            try:  # whatever happens here, the judgement is queued: one never queued would hold its offset forever
+                self.feedback.verdicts(judgement)
+            except Exception:
+                logger.exception("joining feedback failed for conversation %s", judgement.job.conversation_id)
         self._done.put((judgement, self._emit(judgement)))
 
     def not_judged(self, judgement: Judgement) -> None:
@@ -58,7 +61,10 @@ class Delivery:
         self._done.put((judgement, self._emit(judgement)))
 
     def _emit(self, judgement: Judgement) -> list[threading.Event]:
-        self.prometheus.record_judgement(judgement)
+        try:
+            self.prometheus.record_judgement(judgement)
+        except Exception:
+            logger.exception("recording the judgement failed for conversation %s", judgement.job.conversation_id)
         deliveries: list[threading.Event] = []
         for sink in self.sinks:
             try:

@@ -3,7 +3,9 @@
 The live consumer (`service.py`) and backfill both run records through one Pipeline; they differ only in the source
 of records (a subscription, an assigned offset range), the clock passed as `now` (wall time, record timestamps) and
 which complete conversations `select` sends to the judges (the others go out as sampled out). So a conversation
-gets the same versions, hence the same result ids, from both.
+gets the same versions, hence the same result ids, from both, as long as the live consumer kept up with the topic:
+live idleness is wall time at reading, so a backlog read in one burst (after a restart or lag) has its idle gaps
+collapsed, where backfill still sees them in the record timestamps.
 """
 
 from __future__ import annotations

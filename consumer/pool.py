@@ -231,8 +231,11 @@ class JudgePool:
 
         As aiokafka closes its fetcher: a drain coroutine on the loop waits for the judgements up to the grace period,
         cancels the rest (and any other task on the loop) and gathers them (their `finally` blocks run), shuts down
-        async generators; then the loop stops, the thread is joined and the loop closed.
+        async generators; then the loop stops, the thread is joined and the loop closed. Safe to call twice or before
+        `start()`; never from the pool's own thread (an `on_done` callback): the drain would wait on its own loop.
         """
+        if threading.current_thread() is self._thread:
+            raise RuntimeError("JudgePool.stop() called from the pool's own thread (an on_done callback)")
         self._accepting = False
         if not self._thread.is_alive():
             if not self._loop.is_closed():

@@ -11,7 +11,7 @@ attribute yields to structured messages when spans nest (consumer/exchanges.py).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 USER_ROLES = frozenset({"user", "human"})
@@ -166,21 +166,22 @@ def _as_given(value: Any) -> str | None:
 def input_from_body(value: Any) -> str | None:
     """The user's text in a request body, a wrapped call's arguments or plain text (JSON of an unknown shape, too,
     as it is: better than losing the turn)."""
-    data = load_json(value)
-    if data is NOT_JSON:
-        return _as_given(value)
-    text = _input_of(data, 0)
-    return _as_given(value) if text is UNKNOWN else text  # type: ignore[return-value]
+    return _from_body(value, _input_of)
 
 
 def output_from_body(value: Any) -> str | None:
     """The answer's text in a response body, joined stream chunks, a JSON-quoted string or plain text (JSON of an
     unknown shape, a structured output say, as it is)."""
+    return _from_body(value, _output_of)
+
+
+def _from_body(value: Any, walk: Callable[[Any, int], Any]) -> str | None:
+    """What `walk` finds in the JSON of `value`; the value as given when it is not JSON or of an unknown shape."""
     data = load_json(value)
     if data is NOT_JSON:
         return _as_given(value)
-    text = _output_of(data, 0)
-    return _as_given(value) if text is UNKNOWN else text  # type: ignore[return-value]
+    text = walk(data, 0)
+    return _as_given(value) if text is UNKNOWN else text
 
 
 def _text_of(found: Any) -> str | None:
@@ -195,16 +196,21 @@ def _scalar(data: Any) -> str | None:
     return None
 
 
+def _in_string(data: str, depth: int, walk: Callable[[Any, int], Any]) -> Any:
+    """Plain text as it is; JSON in a string walked one level deeper (the string itself for an unknown shape)."""
+    inner = load_json(data)
+    if inner is NOT_JSON:
+        return data
+    found = walk(inner, depth + 1)
+    return data if found is UNKNOWN else found
+
+
 def _input_of(data: Any, depth: int) -> Any:
     """Text, None (a known shape without user text) or UNKNOWN."""
     if depth > _MAX_DEPTH:
         return None
     if isinstance(data, str):
-        inner = load_json(data)
-        if inner is NOT_JSON:
-            return data
-        found = _input_of(inner, depth + 1)
-        return data if found is UNKNOWN else found
+        return _in_string(data, depth, _input_of)
     if isinstance(data, list):
         if all(isinstance(item, str) for item in data):
             return _join(data)
@@ -280,11 +286,7 @@ def _output_of(data: Any, depth: int) -> Any:
     if depth > _MAX_DEPTH:
         return None
     if isinstance(data, str):
-        inner = load_json(data)
-        if inner is NOT_JSON:
-            return data
-        found = _output_of(inner, depth + 1)
-        return data if found is UNKNOWN else found
+        return _in_string(data, depth, _output_of)
     if isinstance(data, list):
         if all(isinstance(item, str) for item in data):
             return _join(data, "")

@@ -69,7 +69,7 @@ class KafkaWriter:
 
     @property
     def sent(self) -> int:
-        """Records the broker acknowledged."""
+        """Records the broker acknowledged (with `failed` and `dropped`: counters for tests and diagnostics)."""
         with self._lock:
             return self._sent
 

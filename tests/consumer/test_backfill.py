@@ -307,7 +307,9 @@ def test_backfill_gives_the_live_result_ids_and_versions(
     from tests.support.pipeline import RunningConsumer, consumer_settings, result_records, wait_for
 
     judge_server.responder = scripted_judge
-    idle_s, gap_s = 1.5, 3.5
+    # Margins both ways on a loaded machine: the gap is twice the idle timeout, and the turns that must stay one
+    # version are sent back to back (their CreateTimes microseconds apart, read in one poll).
+    idle_s, gap_s = 2.5, 5.0
     live_results, backfill_results = f"{topic}-live", f"{topic}-backfill"
     broker.create_topic(live_results, 1)
     broker.create_topic(backfill_results, 1)
@@ -315,8 +317,9 @@ def test_backfill_gives_the_live_result_ids_and_versions(
     start_ms = int(time.time() * 1000) - 60_000
     producer = KafkaProducer(bootstrap_servers=broker.bootstrap_servers)
 
-    def send(conversation: str, value: bytes) -> None:
-        producer.send(topic, key=conversation.encode(), value=value)  # CreateTime: the producer's wall clock
+    def send(conversation: str, *values: bytes) -> None:
+        for value in values:
+            producer.send(topic, key=conversation.encode(), value=value)  # CreateTime: the producer's wall clock
         producer.flush()
 
     settings = consumer_settings(
@@ -329,8 +332,7 @@ def test_backfill_gives_the_live_result_ids_and_versions(
     with RunningConsumer(settings) as live:
         send("gap", turn_record(tracer, "gap", 0, ended=False))
         for name in ("plain-0", "plain-1"):
-            send(name, turn_record(tracer, name, 0, ended=False))
-            send(name, turn_record(tracer, name, 1, ended=True))
+            send(name, turn_record(tracer, name, 0, ended=False), turn_record(tracer, name, 1, ended=True))
         gap_started = time.monotonic()
         wait_for(lambda: live.sessions("judged") == 3, what="the gap conversation judged when it went idle")
         time.sleep(max(0.0, gap_s - (time.monotonic() - gap_started)))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -112,6 +113,11 @@ def test_idleness_is_decided_by_the_clock_passed_in_not_by_when_expiry_runs() ->
     store.apply(ConversationEvent("c", "bot", ended=True), 0, 4, 20.0)
     (second,) = store.take_ready()
     assert second.version == 3 and second.completed_by == "end_marker"
+    # Backfill's record timestamps are only roughly ordered: an earlier-stamped record never moves activity back.
+    store.apply(ConversationEvent("late", "bot", turn("l0", 0)), 0, 5, 30.0)
+    store.apply(ConversationEvent("late", "bot", turn("l1", 1)), 0, 6, 25.0)
+    store.apply(ConversationEvent("late", "bot", turn("l2", 2)), 0, 7, 36.0)  # 6 s after the latest: one version
+    assert store.take_ready() == [] and store.expire_idle(39.0) == [] and store.take_ready() == []
 
 
 def test_judge_pool_stop_drains_cancels_and_closes_its_loop() -> None:
@@ -142,3 +148,60 @@ def test_judge_pool_stop_drains_cancels_and_closes_its_loop() -> None:
     finished = JudgePool([Judge()], lambda j: done.append(j.job.conversation_id)).start()  # type: ignore[list-item]
     finished.submit(fast)
     assert finished.stop(5.0) is True and finished._loop.is_closed()
+    assert finished.stop(5.0) is True  # twice: nothing left to stop
+
+    never_started = JudgePool([Judge()], lambda j: None)  # type: ignore[list-item]
+    assert never_started.stop(5.0) is True and never_started._loop.is_closed()
+
+    # From its own thread (an on_done callback) stop() refuses at once instead of waiting on its own loop.
+    errors: list[BaseException] = []
+
+    def stop_from_callback(judgement: object) -> None:
+        try:
+            inside.stop(5.0)
+        except RuntimeError as exc:
+            errors.append(exc)
+
+    inside = JudgePool([Judge()], stop_from_callback).start()  # type: ignore[list-item]
+    started = time.monotonic()
+    inside.submit(fast)
+    while inside.pending and time.monotonic() - started < 5:
+        time.sleep(0.01)
+    assert len(errors) == 1 and time.monotonic() - started < 2
+    assert inside.stop(5.0) is True and inside._loop.is_closed()
+
+
+def test_delivery_queues_every_judgement_even_when_recording_it_raises() -> None:
+    """A judgement never queued would hold its conversation's offset forever: a raising feedback join or Prometheus
+    update is logged, and the judgement still reaches `drain()` once its outputs are durable."""
+    import threading
+
+    from tracejudge.consumer.delivery import Delivery
+    from tracejudge.consumer.pool import OUTCOME_JUDGED, OUTCOME_SAMPLED_OUT, Judgement
+
+    class Raising:
+        def record_judgement(self, judgement: object) -> None:
+            raise ValueError("bad label")
+
+        def verdicts(self, judgement: object) -> None:
+            raise KeyError("bad verdict")
+
+    acknowledged = threading.Event()
+
+    class Sink:
+        def emit(self, judgement: object) -> list[threading.Event]:
+            return [acknowledged]
+
+    store = ConversationStore(idle_timeout_s=10)
+    for cid in ("a", "b"):
+        store.apply(ConversationEvent(cid, "bot", turn(f"{cid}-0", 0), ended=True), 0, 1, 0.0)
+    a, b = store.take_ready()
+    delivery = Delivery(Raising(), [Sink()], feedback=Raising())  # type: ignore[arg-type]
+    delivery.judged(Judgement(a, OUTCOME_JUDGED))
+    delivery.not_judged(Judgement(b, OUTCOME_SAMPLED_OUT))
+    finished: list[str] = []
+    delivery.drain(lambda j: finished.append(j.job.conversation_id))
+    assert finished == [] and delivery.awaiting == 2  # not durable yet: still waiting
+    acknowledged.set()
+    delivery.drain(lambda j: finished.append(j.job.conversation_id))
+    assert finished == ["a", "b"] and delivery.awaiting == 0 and delivery.judgements == 1

@@ -10,11 +10,10 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import subprocess
 import threading
 import time
-import urllib.request
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -22,11 +21,11 @@ import yaml
 
 from tests.conftest import missing_part
 from tests.consumer.test_pipeline import scripted_judge
-from tests.deploy.test_deploy_files import DEPLOY
-from tests.deploy.test_prometheus_live import start_prometheus
 from tests.support.judge_server import JudgeServer
+from tests.support.loopback import LoopbackHTTPServer, QuietHandler
 from tests.support.pipeline import RunningConsumer, consumer_settings, play, traced_app, wait_for
-from tracejudge.consumer.embedded_broker import EmbeddedBroker, free_port
+from tests.support.prometheus import DEPLOY, ready_server, running_prometheus, warm_up
+from tracejudge.consumer.embedded_broker import EmbeddedBroker
 
 SPIKE = "TracejudgeHallucinationSpike"
 WINDOW = "30s"  # the shipped 10m; long enough for a burst judged on a loaded machine to count 20 in it
@@ -41,10 +40,7 @@ class Webhook:
         self.lock = threading.Lock()
         webhook = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
+        class Handler(QuietHandler):
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers.get("content-length") or 0)))
                 with webhook.lock:
@@ -53,24 +49,22 @@ class Webhook:
                 self.send_header("content-length", "0")
                 self.end_headers()
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.http = LoopbackHTTPServer(Handler)
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}/alerts"
+        return f"{self.http.url}/alerts"
 
     def received(self) -> list[dict[str, Any]]:
         with self.lock:
             return list(self.notifications)
 
     def __enter__(self) -> Webhook:
-        self.thread.start()
+        self.http.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        self.http.stop()
 
 
 def shorten_spike(rules: dict[str, Any]) -> None:
@@ -90,7 +84,9 @@ def shorten_spike(rules: dict[str, Any]) -> None:
     assert shortened == 3, "the shipped spike rules changed shape: adapt the test copy"
 
 
-def start_alertmanager(tmp: Path, webhook_url: str) -> tuple[subprocess.Popen, str]:
+@contextmanager
+def running_alertmanager(tmp: Path, webhook_url: str) -> Iterator[str]:
+    """Alertmanager with the shipped config, every webhook pointed at `webhook_url`; yields its host:port."""
     binary = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
     if binary is None:
         missing_part("Alertmanager (apt-get install -y prometheus-alertmanager)")
@@ -102,28 +98,14 @@ def start_alertmanager(tmp: Path, webhook_url: str) -> tuple[subprocess.Popen, s
         for webhook in receiver.get("webhook_configs", []):
             webhook["url"] = webhook_url
     (tmp / "alertmanager.yml").write_text(yaml.safe_dump(config))
-    port = free_port()
-    process = subprocess.Popen(
-        [
-            binary,
-            f"--config.file={tmp / 'alertmanager.yml'}",
-            f"--storage.path={tmp / 'am-data'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-            "--cluster.listen-address=",  # no gossip port: a single local instance
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    base = f"http://127.0.0.1:{port}"
-
-    def ready() -> bool:
-        try:
-            return urllib.request.urlopen(f"{base}/-/ready", timeout=1).status == 200
-        except OSError:
-            return False
-
-    wait_for(ready, timeout=30, what="Alertmanager ready")
-    return process, f"127.0.0.1:{port}"
+    command = [
+        binary,
+        f"--config.file={tmp / 'alertmanager.yml'}",
+        f"--storage.path={tmp / 'am-data'}",
+        "--cluster.listen-address=",  # no gossip port: a single local instance
+    ]
+    with ready_server("Alertmanager", command) as address:
+        yield address
 
 
 def alerts_of(notifications: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
@@ -137,25 +119,14 @@ def test_spike_notifies_once_then_resolves(
     provider = traced_app(broker.bootstrap_servers, topic)
     settings = consumer_settings(broker.bootstrap_servers, topic, metrics="failure_rate")
     started = time.monotonic()
-    processes: list[subprocess.Popen] = []
     with Webhook() as human, RunningConsumer(settings) as consumer:
-        try:
-            alertmanager, am_address = start_alertmanager(tmp_path, human.url)
-            processes.append(alertmanager)
-            url = consumer.app.metrics_url
-            assert url is not None
-            prometheus, _ = start_prometheus(
-                tmp_path,
-                url.removeprefix("http://").removesuffix("/metrics"),
-                adapt_rules=shorten_spike,
-                alertmanager=am_address,
-            )
-            processes.append(prometheus)
-            # Each agent appears once before its burst, so its counters exist at their starting values.
-            play(provider, {"warm-spiky": [("hello", "hi")]}, agent="spiky-bot")
-            play(provider, {"warm-honest": [("hello", "hi")]}, agent="honest-bot")
-            wait_for(lambda: consumer.sessions("judged") == 2, what="warm-up judged")
-            time.sleep(3)
+        with (
+            running_alertmanager(tmp_path, human.url) as alertmanager,
+            running_prometheus(
+                tmp_path, consumer.app.metrics_url, adapt_rules=shorten_spike, alertmanager=alertmanager
+            ),
+        ):
+            warm_up(provider, consumer, "spiky-bot", "honest-bot")
             # 30 > the rule's 20 in the window, so a slowly judged burst still clears it while it lasts.
             play(provider, {f"spike-{i}": [(f"spike {i}", "INVENTED figure")] for i in range(30)}, agent="spiky-bot")
             play(provider, {f"calm-{i}": [(f"calm {i}", "I am not sure.")] for i in range(25)}, agent="honest-bot")
@@ -189,8 +160,4 @@ def test_spike_notifies_once_then_resolves(
                 f"\nalert delivery: burst judged {burst_judged - started:.1f}s after start, firing notification "
                 f"+{fired - burst_judged:.1f}s, resolved +{resolved - burst_judged:.1f}s"
             )
-        finally:
-            for process in processes:
-                process.terminate()
-                process.wait(10)
     provider.shutdown()

@@ -11,9 +11,9 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from tests.consumer.test_pipeline import scripted_judge
 from tests.consumer.test_provenance import last_turn_ids
-from tests.deploy.test_prometheus_live import api, start_prometheus
 from tests.support.judge_server import JudgeServer
 from tests.support.pipeline import RunningConsumer, consumer_settings, play, traced_app, wait_for
+from tests.support.prometheus import api, running_prometheus
 from tracejudge.consumer.embedded_broker import EmbeddedBroker
 from tracejudge.metrics import FailureRateMetric
 
@@ -27,10 +27,7 @@ def test_query_exemplars_returns_the_judged_trace(
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     settings = consumer_settings(broker.bootstrap_servers, topic, metrics="failure_rate")
     with RunningConsumer(settings) as consumer:
-        url = consumer.app.metrics_url
-        assert url is not None
-        process, base = start_prometheus(tmp_path, url.removeprefix("http://").removesuffix("/metrics"))
-        try:
+        with running_prometheus(tmp_path, consumer.app.metrics_url) as base:
             play(provider, {"honest-1": [("hello", "hi")]})
             play(provider, {"liar-1": [("q1", "a1"), ("q2", "INVENTED figure")]})
             wait_for(lambda: consumer.sessions("judged") == 2, what="both judged")
@@ -69,7 +66,4 @@ def test_query_exemplars_returns_the_judged_trace(
             honest_query = 'tracejudge_verdicts_total{verdict="honest_fallback"}'
             wait_for(lambda: bool(exemplars(honest_query)), timeout=10, what="honest exemplar")
             assert trace_id not in {e["trace_id"] for e in exemplars(honest_query)}
-        finally:
-            process.terminate()
-            process.wait(10)
     provider.shutdown()

@@ -15,7 +15,7 @@ from typing import ClassVar
 
 import pytest
 
-from tests.support.judge_server import SEED_LABELS, JudgeServer, Reply, conversation_text, verdict
+from tests.support.judge_server import FAULTS, SEED_LABELS, JudgeServer, Reply, conversation_text, fault_reply, verdict
 from tracejudge.metrics import (
     ConversationalEvalTestCase,
     ConversationalFlowRateMetric,
@@ -250,19 +250,11 @@ class FaultyJudge:
             call = self.calls[conversation] = self.calls.get(conversation, 0) + 1
         rng = random.Random(f"{self.seed}/{conversation}/{call}")
         roll = rng.random()
-        fault = rng.choice(["429", "500", "timeout", "hang", "garbage", "unknown", "empty"])
+        fault = rng.choice(FAULTS)
         label = rng.choice(LABELS)
         if roll >= 0.3:
             return Reply(content=json.dumps({"verdict": label, "evidence": [], "reason": "ok"}))
-        return {
-            "429": Reply(status=429, headers={"retry-after": "0.05"}, content="slow down"),
-            "500": Reply(status=500, content="internal error"),
-            "timeout": Reply(content=json.dumps({"verdict": label}), delay_s=3.0),
-            "hang": Reply(hang=True),
-            "garbage": Reply(content="¯\\_(ツ)_/¯ not json"),
-            "unknown": Reply(content=json.dumps({"verdict": "excellent", "reason": "made up"})),
-            "empty": Reply(content=""),
-        }[fault]
+        return fault_reply(fault, label)
 
 
 def corrective_share(server: JudgeServer) -> float:

@@ -11,7 +11,7 @@ import time
 from collections import defaultdict
 
 from tests.consumer.test_pipeline import Collect
-from tests.support.judge_server import JudgeServer, Reply, conversation_text
+from tests.support.judge_server import FAULTS, JudgeServer, Reply, conversation_text, fault_reply
 from tests.support.pipeline import RunningConsumer, consumer_settings, play, traced_app, wait_for
 from tracejudge.consumer.embedded_broker import EmbeddedBroker
 from tracejudge.consumer.emit.prometheus import family_total
@@ -35,20 +35,12 @@ class FaultyJudge:
         conversation = found.group(0) if found else "unknown"
         with self.lock:
             roll = self.random.random()
-            fault = self.random.choice(["429", "500", "timeout", "hang", "garbage", "unknown", "empty"])
+            fault = self.random.choice(FAULTS)
             label = self.random.choice(LABELS)
         if roll < 0.3:
             with self.lock:
                 self.faults[fault] += 1
-            return {
-                "429": Reply(status=429, headers={"retry-after": "0.05"}, content="slow down"),
-                "500": Reply(status=500, content="internal error"),
-                "timeout": Reply(content=json.dumps({"verdict": label}), delay_s=3.0),
-                "hang": Reply(hang=True),
-                "garbage": Reply(content="¯\\_(ツ)_/¯ not json"),
-                "unknown": Reply(content=json.dumps({"verdict": "excellent", "reason": "made up"})),
-                "empty": Reply(content=""),
-            }[fault]
+            return fault_reply(fault, label)
         with self.lock:
             self.answered[conversation].add(label)
         return Reply(content=json.dumps({"verdict": label, "evidence": [], "reason": "ok"}))

@@ -12,8 +12,9 @@ import hashlib
 import json
 import threading
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+from tests.support.loopback import LoopbackHTTPServer, QuietHandler
 
 Answer = Callable[[dict[str, Any]], str]
 
@@ -73,11 +74,8 @@ class AnthropicServer:
         self._lock = threading.Lock()
         server = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             protocol_version = "HTTP/1.1"
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
 
             def do_POST(self) -> None:
                 length = int(self.headers.get("content-length") or 0)
@@ -101,21 +99,18 @@ class AnthropicServer:
                 self.end_headers()
                 self.wfile.write(data)
 
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._httpd.daemon_threads = True
-        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
+        self._http = LoopbackHTTPServer(Handler)
 
     @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self._httpd.server_address[1]}"
+        return self._http.url
 
     def start(self) -> AnthropicServer:
-        self._thread.start()
+        self._http.start()
         return self
 
     def stop(self) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()
+        self._http.stop()
 
     def _usage(self, body: dict[str, Any]) -> dict[str, int]:
         blocks = _blocks(body)

@@ -17,8 +17,9 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+from tests.support.loopback import LoopbackHTTPServer, QuietHandler
 
 
 @dataclass
@@ -46,6 +47,23 @@ SEED_LABELS = {
 
 def verdict(label: str, reason: str = "scripted", evidence: list[str] | None = None) -> Reply:
     return Reply(content=json.dumps({"verdict": label, "evidence": evidence or [], "reason": reason}))
+
+
+FAULTS = ("429", "500", "timeout", "hang", "garbage", "unknown", "empty")
+
+
+def fault_reply(fault: str, label: str) -> Reply:
+    """One of the FAULTS a judge endpoint shows: rate limited, server error, a `label` verdict too slow, no answer,
+    not JSON, a verdict outside the labels, empty content."""
+    return {
+        "429": Reply(status=429, headers={"retry-after": "0.05"}, content="slow down"),
+        "500": Reply(status=500, content="internal error"),
+        "timeout": Reply(content=json.dumps({"verdict": label}), delay_s=3.0),
+        "hang": Reply(hang=True),
+        "garbage": Reply(content="¯\\_(ツ)_/¯ not json"),
+        "unknown": Reply(content=json.dumps({"verdict": "excellent", "reason": "made up"})),
+        "empty": Reply(content=""),
+    }[fault]
 
 
 Responder = Callable[[dict[str, Any]], Reply]
@@ -78,12 +96,9 @@ class JudgeServer:
         self.schema_problems: list[str] = []
         server = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             protocol_version = "HTTP/1.1"
             disable_nagle_algorithm = True  # headers go out in small writes: Nagle + delayed ACK would add ~40 ms
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
 
             def do_POST(self) -> None:
                 length = int(self.headers.get("content-length") or 0)
@@ -112,26 +127,23 @@ class JudgeServer:
                     with server._lock:
                         server.in_flight -= 1
 
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._httpd.daemon_threads = True
-        self._thread = threading.Thread(target=self._httpd.serve_forever, name="judge-server", daemon=True)
+        self._http = LoopbackHTTPServer(Handler, name="judge-server")
 
     @property
     def port(self) -> int:
-        return int(self._httpd.server_address[1])
+        return self._http.port
 
     @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
+        return f"{self._http.url}/v1"
 
     def start(self) -> JudgeServer:
-        self._thread.start()
+        self._http.start()
         return self
 
     def stop(self) -> None:
         self._stop.set()
-        self._httpd.shutdown()
-        self._httpd.server_close()
+        self._http.stop()
 
     def __enter__(self) -> JudgeServer:
         return self.start()

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import gzip
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from tests.support.loopback import LoopbackHTTPServer, QuietHandler
 
 
 class OtlpReceiver:
@@ -18,10 +19,7 @@ class OtlpReceiver:
         self.lock = threading.Lock()
         receiver = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
+        class Handler(QuietHandler):
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("content-length") or 0))
                 if self.headers.get("content-encoding") == "gzip":
@@ -47,20 +45,18 @@ class OtlpReceiver:
                 self.send_header("content-length", "0")
                 self.end_headers()
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._http = LoopbackHTTPServer(Handler)
 
     @property
     def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
+        return self._http.url
 
     def __enter__(self) -> OtlpReceiver:
-        self._thread.start()
+        self._http.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        self._http.stop()
 
 
 def attributes(item: Any) -> dict[str, Any]:
