@@ -22,9 +22,10 @@ ROOT = Path(__file__).resolve().parents[2]
 HOUR_MS = 3_600_000
 
 
-def conversation_record(tracer, conversation: str, turns: int, *, ended: bool) -> bytes:
+def conversation_record(tracer, conversation: str, turns: int, *, ended: bool, first: int = 0) -> bytes:
+    """`turns` turns of a conversation (turn indexes from `first`), with its end marker when `ended`."""
     spans = []
-    for index in range(turns):
+    for index in range(first, first + turns):
         span = tracer.start_span(
             "invoke_agent support",
             attributes={
@@ -270,33 +271,6 @@ def test_backfill_finishes_when_a_sink_raises_and_reports_unread_partitions(
 # One pipeline: backfill runs the live consumer's ingest, assembly and outputs, with record timestamps as its clock.
 
 
-def turn_record(tracer, conversation: str, index: int, *, ended: bool) -> bytes:
-    """One turn (turn index `index`) of a conversation, with its end marker when `ended`."""
-    span = tracer.start_span(
-        "invoke_agent support",
-        attributes={
-            "gen_ai.conversation.id": conversation,
-            "gen_ai.agent.name": "support",
-            "gen_ai.operation.name": "invoke_agent",
-            "tracejudge.turn.index": index,
-            "gen_ai.input.messages": json.dumps(
-                [{"role": "user", "parts": [{"type": "text", "content": f"{conversation} q{index}"}]}]
-            ),
-            "gen_ai.output.messages": json.dumps([{"role": "assistant", "parts": [{"type": "text", "content": "a"}]}]),
-        },
-    )
-    span.end()
-    spans = [span]
-    if ended:
-        marker = tracer.start_span(
-            "end_conversation",
-            attributes={"gen_ai.conversation.id": conversation, "tracejudge.conversation.ended": True},
-        )
-        marker.end()
-        spans.append(marker)
-    return encode_spans(spans).SerializeToString()
-
-
 def test_backfill_gives_the_live_result_ids_and_versions(
     broker: EmbeddedBroker, topic: str, judge_server: JudgeServer, tmp_path: Path, monkeypatch
 ) -> None:
@@ -330,13 +304,17 @@ def test_backfill_gives_the_live_result_ids_and_versions(
         session_idle_timeout=idle_s,
     )
     with RunningConsumer(settings) as live:
-        send("gap", turn_record(tracer, "gap", 0, ended=False))
+        send("gap", conversation_record(tracer, "gap", 1, first=0, ended=False))
         for name in ("plain-0", "plain-1"):
-            send(name, turn_record(tracer, name, 0, ended=False), turn_record(tracer, name, 1, ended=True))
+            send(
+                name,
+                conversation_record(tracer, name, 1, first=0, ended=False),
+                conversation_record(tracer, name, 1, first=1, ended=True),
+            )
         gap_started = time.monotonic()
         wait_for(lambda: live.sessions("judged") == 3, what="the gap conversation judged when it went idle")
         time.sleep(max(0.0, gap_s - (time.monotonic() - gap_started)))
-        send("gap", turn_record(tracer, "gap", 1, ended=True))
+        send("gap", conversation_record(tracer, "gap", 1, first=1, ended=True))
         wait_for(lambda: live.sessions("judged") == 4, what="the gap conversation judged again after the gap")
         live_records = result_records(broker, live_results, 4)
     producer.close()
