@@ -282,6 +282,8 @@ class PhoneFinder:
         groups = [(match.start(), match.end()) for match in _GROUP.finditer(text, cluster.start(), cluster.end())]
         index = 0
         while index < len(groups):
+            # Every pass moves `index` forward (past a number found, else by one group): at most 6 windows per group.
+            following = index + 1
             for last in range(index + 1, min(len(groups), index + 6) + 1):
                 start, end = groups[index][0], groups[last - 1][1]
                 digits = sum(char.isdigit() for char in text[start:end])
@@ -295,10 +297,9 @@ class PhoneFinder:
                 budget -= end - start
                 if any(s == 0 and e == end - start for s, e, _ in _cached_window_phones(text[start:end], self.regions)):
                     found.append((start, end))
-                    index = last
+                    following = last
                     break
-            else:
-                index += 1
+            index = following
         return budget
 
     def redact(self, text: str) -> str:

@@ -200,3 +200,33 @@ def test_phone_parser_reads_at_most_its_budget_then_fails_closed(monkeypatch: py
     assert "7946" not in out and out.count("[PHONE]") == 2_000  # past the budget every number is still replaced
     assert out.endswith(" on 2024-11-30.")  # dates are recognised without the parser
     assert PiiRedactor(phone_budget_chars=0)("call 020 7946 0958 on 2024-11-30") == "call [PHONE] on 2024-11-30"
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Your order number is 123456789012345678.",  # a first group over 17 digits once looped forever
+        "call me on 123456789012345678",
+        "tracking number is JD014600006281735520",  # the built-in gold set's tools-007
+        "phone: 1234567890123456789012 555 1234 020 7946 0958",
+        "tel " + " ".join(["123456789012345678"] * 200),
+    ],
+)
+def test_digit_runs_longer_than_a_phone_number_end(text: str) -> None:
+    out = redact_pii(text)
+    assert "123456789012345678" in out or "JD014600006281735520" in out  # not a phone number: kept as evidence
+
+
+_phone_words = st.sampled_from(["call ", "phone: ", "tel ", "call me on ", "Tel: ", "", "fax "])
+_digit_groups = st.lists(st.text(alphabet="0123456789", min_size=1, max_size=30), min_size=1, max_size=12)
+_separators = st.sampled_from([" ", "-", ".", " ", "/", "(", ")", "+"])
+
+
+@pytest.mark.timeout(120)
+@settings(max_examples=400, deadline=500)  # a per-example deadline: any super-linear or looping input fails the test
+@given(_phone_words, _digit_groups, _separators, st.text(max_size=40))
+def test_redaction_is_bounded_on_any_digit_runs(word: str, groups: list[str], separator: str, tail: str) -> None:
+    text = word + separator.join(groups) + tail
+    out = redact_pii(text)
+    assert out.endswith(tail[-1:] if tail and tail[-1:].isalpha() else "")
