@@ -185,7 +185,7 @@ def _selector(namespace: argparse.Namespace, settings: Any, existing: set[str], 
             report.skipped_agent += 1
         elif not sampler.should_judge(job):
             report.sampled_out += 1
-        elif existing and all(result_id(job.conversation_id, m, job.version) in existing for m in settings.metrics):
+        elif existing and all(result_id(job.conversation_id, m, job.content_id) in existing for m in settings.metrics):
             report.skipped_existing += 1
         else:
             report.selected += 1

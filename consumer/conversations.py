@@ -44,6 +44,7 @@ class JudgeJob:
     negative_feedback: bool
     truncated: bool
     completed_by: str
+    content_id: str = ""  # names exactly this transcript (conversation/identity.py): result ids derive from it
 
     @property
     def turn_count(self) -> int:
@@ -82,8 +83,11 @@ class Conversation:
         return max(len(turns), max(indices) + 1) if indices else len(turns)
 
     def snapshot(self, completed_by: str) -> JudgeJob:
+        from .conversation.identity import content_id
+
         turns = tuple(exchanges(self.turns.values()))  # nesting decided by content: see exchanges.py
         return JudgeJob(
+            content_id=content_id(self.id, turns),
             key=self.key,
             conversation_id=self.id,
             agent=self.agent or "unknown",

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -36,6 +37,7 @@ class Delivery:
         self.sinks = list(sinks)
         self.feedback = feedback
         self.judgements = 0  # judged (not sampled out) in this run
+        self.outcomes: Counter[str] = Counter()  # every outcome in this run, as tracejudge_sessions_total counts them
         self.sink_errors = 0
         self._errors_lock = threading.Lock()  # sinks run on the pool thread and (sampled out) the poll thread
         self._done: queue.SimpleQueue[tuple[Judgement, list[threading.Event]]] = queue.SimpleQueue()
@@ -61,6 +63,8 @@ class Delivery:
         self._done.put((judgement, self._emit(judgement)))
 
     def _emit(self, judgement: Judgement) -> list[threading.Event]:
+        with self._errors_lock:
+            self.outcomes[judgement.outcome] += 1
         try:
             self.prometheus.record_judgement(judgement)
         except Exception:

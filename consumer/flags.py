@@ -52,6 +52,11 @@ CONSUMER_FLAGS: list[tuple[str, str, dict[str, Any]]] = [
     ("--log-format", "log_format", {"metavar": "text|json"}),
     ("--log-level", "log_level", {}),
     ("--calibration", "calibration", {"metavar": "REPORT.json"}),
+    ("--role", "role", {"metavar": "all|assemble|judge"}),
+    ("--group-instance-id", "group_instance_id", {}),
+    ("--state-retention", "state_retention", {"metavar": "SECONDS"}),
+    ("--max-state-bytes", "max_state_bytes", {}),
+    ("--max-conversation-chars", "max_conversation_chars", {}),
 ]
 
 

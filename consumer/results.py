@@ -11,9 +11,10 @@ from tracejudge.metrics import MetricResult
 from .pool import Judgement
 
 
-def result_id(conversation_id: str, metric: str, version: int) -> str:
-    """Same conversation, metric and version → same id, on every replica and every replay (for de-duplication)."""
-    material = f"{conversation_id}\x1f{metric}\x1f{version}".encode("utf-8", "surrogatepass")
+def result_id(conversation_id: str, metric: str, content: str) -> str:
+    """Same transcript (its content id) and metric → same id, on every replica, replay and backfill; a different
+    transcript of the same conversation (a continuation, a tail) → a different id."""
+    material = f"{conversation_id}\x1f{metric}\x1f{content}".encode("utf-8", "surrogatepass")
     return hashlib.sha256(material).hexdigest()[:32]
 
 
@@ -31,7 +32,8 @@ def result_record(judgement: Judgement, result: MetricResult) -> dict[str, Any]:
     job = judgement.job
     turns = job.turns
     return {
-        "result_id": result_id(job.conversation_id, result.name, job.version),
+        "result_id": result_id(job.conversation_id, result.name, job.content_id),
+        "content_id": job.content_id,
         "conversation_id": job.conversation_id,
         "agent": job.agent,
         "metric": result.name,

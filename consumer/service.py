@@ -1,10 +1,9 @@
-"""The consumer service: the poll loop composing the pipeline (ingest → judge → deliver) and the partitions (commit,
-rebalance, backpressure, lag).
+"""The consumer service: the assembler (spans → durable conversations → the judge queue) and the judge worker (the
+judge queue → judges → outputs), each on its own thread with its own Kafka clients; `--role` runs one or both.
 
-Only this module's poll thread touches the Kafka consumer (kafka-python's consumer is not thread-safe), and the
-rebalance listener (`partitions.py`), which kafka-python runs on its IO thread while the poll thread waits in
-`poll()`. Judgements finish on the pool's thread, go out there, then come back through the delivery queue so the poll
-thread can release their offset holds and commit.
+Thread ownership: the stream thread (`run()`'s caller) owns the assembler's clients; the judge thread owns the
+judge worker's; the judge pool's event loop runs on a third; rebalance callbacks run on kafka-python's IO thread
+while the owning thread waits in `poll()`. Library code: registry, judges and sinks come in as arguments.
 """
 
 from __future__ import annotations
@@ -15,28 +14,30 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from kafka import KafkaConsumer
+from kafka import KafkaConsumer, KafkaProducer
+from kafka.admin import KafkaAdminClient
 
 from tracejudge.metrics import HolisticJudgeMetric
 
-from .delivery import JudgementSink
-from .emit import KafkaWriter
+from .delivery import Delivery, JudgementSink
 from .emit.prometheus import ConsumerMetrics
 from .feedback import FeedbackJoiner
-from .partitions import Partitions
-from .pipeline import Pipeline
+from .pool import JudgePool
 from .sampling import Sampler
 from .settings import Settings
+from .streams.assembler import Assembler
+from .streams.instruments import StreamsInstruments
+from .streams.judge_worker import JudgeWorker
+from .streams.topics import InternalTopics, ensure_internal_topics, partitions_of
 
 logger = logging.getLogger("tracejudge.consumer")
-LAG_INTERVAL_S = 0.2  # one poll's timeout: lag is never staler than a poll
-IDLE_CHECK_S = 0.5
+LAG_INTERVAL_S = 0.5
 
-__all__ = ["ConsumerService", "JudgementSink"]  # JudgementSink re-exported from delivery.py, its new home
+__all__ = ["ConsumerService", "JudgementSink"]
 
 
 class ConsumerService:
-    """Runs until `request_stop()`; library code: registry, judges and sinks come in as arguments."""
+    """Runs until `request_stop()`."""
 
     def __init__(
         self,
@@ -46,105 +47,196 @@ class ConsumerService:
         *,
         sinks: Sequence[JudgementSink] = (),
         consumer_factory: Callable[..., KafkaConsumer] = KafkaConsumer,
+        producer_factory: Callable[..., KafkaProducer] = KafkaProducer,
     ) -> None:
         self.settings = settings
         self.prometheus = prometheus
         self.consumer_factory = consumer_factory
+        self.producer_factory = producer_factory
         self.feedback = FeedbackJoiner(prometheus.record_agreement)
-        sampler = Sampler(settings.sample_rate, settings.agent_sample_rates)
-        self.pipeline = Pipeline(
-            settings, judges, prometheus, sampler.should_judge, sinks=sinks, feedback=self.feedback
+        self.sampler = Sampler(settings.sample_rate, settings.agent_sample_rates)
+        self.delivery = Delivery(prometheus, sinks, feedback=self.feedback)
+        self.pool = JudgePool(
+            judges,
+            self.delivery.judged,
+            max_concurrency=settings.max_concurrency,
+            max_requests_per_minute=settings.max_requests_per_minute,
+            max_cost_per_hour=settings.max_cost_per_hour,
         )
-        self.store, self.offsets, self.pool = self.pipeline.store, self.pipeline.offsets, self.pipeline.pool
         prometheus.record_judges(self.pool.judges)  # tracejudge_judge_info: whoever builds the service
-        self.partitions = Partitions(
-            settings.topic, self.pipeline, prometheus, max_pending=settings.max_concurrency * 4 + 1_000
-        )
+        self.instruments = StreamsInstruments(prometheus.registry)
+        self.topics = InternalTopics(settings.group_id)
+        self.assembler: Assembler | None = None
+        self.judge_worker: JudgeWorker | None = None
         self._stop = threading.Event()
-        self._consumer: KafkaConsumer | None = None
-        self._dead_letter: KafkaWriter | None = None
+        self._judge_thread: threading.Thread | None = None
         self.stop_deadline: float | None = None  # set when the shutdown starts: the end of the grace period
-        self.ready = threading.Event()
+        self.ready = threading.Event()  # the clients are built and subscribed (tests wait for it)
+        self.assigned = threading.Event()  # partitions assigned and their state restored
+        self.failure: BaseException | None = None
 
     def request_stop(self) -> None:
         """Thread- and signal-safe."""
         self._stop.set()
+        if self.assembler is not None:
+            self.assembler.request_stop()
+
+    # -- setup -----------------------------------------------------------------------------------------------------
+
+    def _partitions(self) -> int:
+        probe = self.consumer_factory(
+            bootstrap_servers=self.settings.bootstrap_servers,
+            client_id="tracejudge-metadata",
+            group_id=None,
+            enable_auto_commit=False,
+            **{k: v for k, v in self.settings.consumer_config().items() if k != "group_id"},
+        )
+        try:
+            return partitions_of(probe, self.settings.topic)
+        finally:
+            probe.close()
+
+    def _ensure_topics(self, partitions: int) -> None:
+        config = {
+            k: v
+            for k, v in self.settings.kafka_config.items()
+            if k in KafkaAdminClient.DEFAULT_CONFIG and k != "client_id"
+        }
+        admin = KafkaAdminClient(
+            bootstrap_servers=self.settings.bootstrap_servers, client_id="tracejudge-admin", **config
+        )
+        try:
+            ensure_internal_topics(admin, self.topics, partitions)
+        finally:
+            admin.close()
+
+    # -- run -------------------------------------------------------------------------------------------------------
 
     def run(self) -> None:
         settings = self.settings
-        config: dict[str, Any] = {
-            "bootstrap_servers": settings.bootstrap_servers,
-            "group_id": settings.group_id,
-            "client_id": "tracejudge-consumer",
-            "enable_auto_commit": False,
-            "auto_offset_reset": settings.start_from,
-            "max_poll_records": 500,
-            **settings.consumer_config(),
-        }
-        self._consumer = self.partitions.consumer = self.consumer_factory(**config)
-        self._consumer.subscribe([settings.topic], listener=self.partitions)
-        if settings.dead_letter_topic:
-            self._dead_letter = self.pipeline.ingest.dead_letter = KafkaWriter(
-                settings.bootstrap_servers,
-                settings.dead_letter_topic,
-                on_error=lambda: self.prometheus.record_output_error("dead_letter"),
-                **settings.producer_config(),
-            ).start()
-        self.pool.start()
+        partitions = self._partitions()
+        self._ensure_topics(partitions)
+        if settings.role in ("all", "judge"):
+            self.judge_worker = JudgeWorker(
+                settings,
+                self.pool,
+                self.delivery,
+                self.prometheus,
+                self.instruments,
+                partitions=partitions,
+                feedback=self.feedback,
+                consumer_factory=self.consumer_factory,
+                producer_factory=self.producer_factory,
+            )
+            self.judge_worker.open()
+            self.pool.start()
+            self._judge_thread = threading.Thread(target=self._judge_loop, name="tracejudge-judge-worker", daemon=True)
+            self._judge_thread.start()
+        if settings.role in ("all", "assemble"):
+            self.assembler = Assembler(
+                settings,
+                self.prometheus,
+                self.instruments,
+                self.sampler.should_judge,
+                partitions=partitions,
+                consumer_factory=self.consumer_factory,
+                producer_factory=self.producer_factory,
+            )
+            self.assembler.open()
+        logger.info(
+            "consuming %r as group %r from %s (role %s; internal topics %s)",
+            settings.topic,
+            settings.group_id,
+            settings.bootstrap_servers,
+            settings.role,
+            ", ".join(self.topics.all()),
+        )
         self.ready.set()
-        logger.info("consuming %r as group %r from %s", settings.topic, settings.group_id, settings.bootstrap_servers)
-        last_commit = last_idle = last_lag = time.monotonic()
         try:
-            while not self._stop.is_set():
-                self._poll_once()
-                now = time.monotonic()
-                if now - last_idle >= IDLE_CHECK_S:
-                    self.pipeline.ingest.expire(now)
-                    last_idle = now
-                self.pipeline.dispatch()
-                self.pipeline.drain()
-                self.partitions.backpressure()
-                if now - last_commit >= settings.commit_interval:
-                    self.partitions.commit()
-                    last_commit = now
-                self.partitions.update_gauges(lag=now - last_lag >= LAG_INTERVAL_S)
-                if now - last_lag >= LAG_INTERVAL_S:
-                    last_lag = now
+            if self.assembler is not None:
+                self._assemble_loop(self.assembler)
+            else:
+                while not self._stop.wait(0.2):
+                    self._note_assigned()
         finally:
             self._shutdown()
 
-    def _poll_once(self) -> None:
-        assert self._consumer is not None
-        batches = self._consumer.poll(timeout_ms=200, max_records=500)
-        now = time.monotonic()
-        for tp, records in batches.items():
-            for record in records:
-                self.pipeline.record(tp.partition, record, now)
-            self.offsets.consumed(tp.partition, records[-1].offset + 1)
+    def _note_assigned(self) -> None:
+        if self.assigned.is_set():
+            return
+        assembled = self.assembler is None or self.assembler.assigned.is_set()
+        judging = self.judge_worker is None or self.judge_worker.joined.is_set()
+        if assembled and judging:
+            self.assigned.set()
+            logger.info("ready: partitions assigned and restored")
+
+    def _assemble_loop(self, assembler: Assembler) -> None:
+        last_commit = last_lag = time.monotonic()
+        while not self._stop.is_set():
+            assembler.step()
+            self._note_assigned()
+            now = time.monotonic()
+            if now - last_commit >= self.settings.commit_interval:
+                assembler.commit()
+                last_commit = now
+            lag = now - last_lag >= LAG_INTERVAL_S
+            assembler.update_gauges(lag=lag)
+            if lag:
+                last_lag = now
+
+    def _judge_loop(self) -> None:
+        worker = self.judge_worker
+        assert worker is not None
+        last_commit = last_lag = time.monotonic()
+        try:
+            while not self._stop.is_set():
+                worker.step()
+                now = time.monotonic()
+                if now - last_commit >= self.settings.commit_interval:
+                    worker.commit()
+                    last_commit = now
+                lag = now - last_lag >= LAG_INTERVAL_S
+                worker.update_gauges(lag=lag)
+                if lag:
+                    last_lag = now
+        except Exception as exc:  # the judge thread never dies in silence: the process stops and says why
+            logger.exception("the judge worker failed; stopping")
+            self.failure = exc
+            self.request_stop()
 
     def _shutdown(self) -> None:
-        """Everything within `--shutdown-grace`: judgements in flight, then results still unwritten (an output that
-        keeps failing retries forever; what it has not written by the deadline stays uncommitted)."""
-        grace_end = self.stop_deadline = time.monotonic() + self.settings.shutdown_grace
-        if not self.pool.stop(self.settings.shutdown_grace):
-            logger.warning(
-                "judgements still running after the %.0fs grace period are left uncommitted",
-                self.settings.shutdown_grace,
-            )
-        deadline = max(grace_end, time.monotonic() + 0.5)  # results just emitted get a moment to land
-        self.pipeline.drain()
-        while self.pipeline.delivery.awaiting and time.monotonic() < deadline:
-            time.sleep(0.02)
-            self.pipeline.drain()
-        try:
-            self.partitions.commit()
-        except Exception as exc:
-            logger.warning("final commit failed: %r", exc)
-        if self._consumer is not None:
-            try:
-                self._consumer.close(autocommit=False)
-            except Exception as exc:
-                logger.warning("closing the consumer: %r", exc)
-        if self._dead_letter is not None:
-            self._dead_letter.close(max(0.5, grace_end - time.monotonic()))
-        logger.info("stopped: %d conversations judged in this run", self.pipeline.delivery.judgements)
+        """Everything within `--shutdown-grace`: the assembler commits its state, judgements in flight finish and
+        their results land; what is not durable by the deadline stays uncommitted (and is judged again later)."""
+        grace = self.settings.shutdown_grace
+        grace_end = self.stop_deadline = time.monotonic() + grace
+        self._stop.set()
+        if self.assembler is not None:
+            self.assembler.close(grace)
+        if self._judge_thread is not None:
+            self._judge_thread.join(grace)
+        if self.judge_worker is not None:
+            if not self.judge_worker.close(max(0.5, grace_end - time.monotonic())):
+                logger.warning("judgements still running after the %.0fs grace period are left uncommitted", grace)
+        delivery = self.delivery
+        logger.info(
+            "stopped: %d conversations judged, %d failed, %d sampled out, %d skipped for budget in this run",
+            delivery.outcomes.get("judged", 0),
+            delivery.outcomes.get("failed", 0),
+            delivery.outcomes.get("sampled_out", 0),
+            delivery.outcomes.get("skipped_budget", 0),
+        )
+
+    # -- introspection for tests and benchmarks --------------------------------------------------------------------
+
+    def counts(self) -> dict[str, int]:
+        """What the state tables dropped, cut or de-duplicated, summed over this process's partitions."""
+        total: dict[str, int] = {}
+        for task in self.assembler.tasks.values() if self.assembler is not None else ():
+            for key, count in task.table.counts.items():
+                total[key] = total.get(key, 0) + count
+        return total
+
+    def open_conversations(self) -> int:
+        if self.assembler is None:
+            return 0
+        return sum(task.table.open_count for task in self.assembler.tasks.values())

@@ -114,7 +114,9 @@ class Settings(BaseSettings):
     judge_retries: int = _env("TRACEJUDGE_JUDGE_RETRIES", 3, "retries of a failed judge call")
     threshold: float = _env("TRACEJUDGE_THRESHOLD", 0.7, "a score at or above this passes")
     max_open_conversations: int = _env(
-        "TRACEJUDGE_MAX_OPEN_CONVERSATIONS", 100_000, "open conversations at most; past it the partitions pause"
+        "TRACEJUDGE_MAX_OPEN_CONVERSATIONS",
+        100_000,
+        "open conversations at most; past it the least recently active complete (counted)",
     )
     max_turns_per_conversation: int = _env(
         "TRACEJUDGE_MAX_TURNS_PER_CONVERSATION", 1_000, "a conversation is judged (marked truncated) at this many turns"
@@ -125,6 +127,31 @@ class Settings(BaseSettings):
     commit_interval: float = _env("TRACEJUDGE_COMMIT_INTERVAL", 2.0, "seconds between offset commits")
     log_format: Literal["text", "json"] = _env("TRACEJUDGE_LOG_FORMAT", "text", "log line format")
     log_level: str = _env("TRACEJUDGE_LOG_LEVEL", "INFO", "log level")
+    role: Literal["all", "assemble", "judge"] = _env(
+        "TRACEJUDGE_ROLE",
+        "all",
+        "stages this process runs: all, assemble (spans to conversations) or judge (the judge queue)",
+    )
+    group_instance_id: str | None = _env(
+        "TRACEJUDGE_GROUP_INSTANCE_ID",
+        None,
+        "static group membership: a stable id per replica (e.g. the pod name), so a restart moves no partition",
+    )
+    state_retention: float = _env(
+        "TRACEJUDGE_STATE_RETENTION",
+        86_400.0,
+        "seconds a completed conversation is kept for continuations and late feedback (record time)",
+    )
+    max_state_bytes: int = _env(
+        "TRACEJUDGE_MAX_STATE_BYTES",
+        512 * 1024 * 1024,
+        "conversation state held in memory at most; past it the oldest completed ones are forgotten",
+    )
+    max_conversation_chars: int = _env(
+        "TRACEJUDGE_MAX_CONVERSATION_CHARS",
+        400_000,
+        "text kept per conversation (its newest turns; the judge's window is smaller)",
+    )
     calibration: str | None = _env(
         "TRACEJUDGE_CALIBRATION",
         None,
@@ -178,10 +205,17 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _positive(self) -> Settings:
-        for name in ("max_concurrency", "max_agents", "window_sessions", "max_open_conversations"):
+        for name in (
+            "max_concurrency",
+            "max_agents",
+            "window_sessions",
+            "max_open_conversations",
+            "max_state_bytes",
+            "max_conversation_chars",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
-        for name in ("session_idle_timeout", "window_seconds", "judge_timeout"):
+        for name in ("session_idle_timeout", "window_seconds", "judge_timeout", "state_retention"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
         if self.max_requests_per_minute is not None and self.max_requests_per_minute <= 0:

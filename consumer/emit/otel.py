@@ -73,7 +73,7 @@ class EvaluationEmitter:
                 "tracejudge.evaluation.passed": result.success,
                 "tracejudge.evaluation.threshold": result.threshold,
                 "tracejudge.evaluation.model": result.model,
-                "tracejudge.evaluation.id": result_id(job.conversation_id, result.name, job.version),
+                "tracejudge.evaluation.id": result_id(job.conversation_id, result.name, job.content_id),
                 "tracejudge.evaluation.version": job.version,
             }
             if result.cost_usd is not None:

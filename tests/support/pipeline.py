@@ -114,7 +114,10 @@ def play(
     provider.force_flush()
 
 
-def consumer_process(broker: EmbeddedBroker, topic: str, group: str, results: str, **env: str) -> subprocess.Popen:
+def consumer_process(
+    broker: EmbeddedBroker, topic: str, group: str, results: str, *, log: Path | None = None, **env: str
+) -> subprocess.Popen:
+    """A real `tracejudge consume` process; its output goes to `log` (appended) or a pipe the caller reads."""
     environment = {
         **os.environ,
         "TRACEJUDGE_KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap_servers,
@@ -131,10 +134,11 @@ def consumer_process(broker: EmbeddedBroker, topic: str, group: str, results: st
         "PYTHONPATH": str(ROOT),
         **env,
     }
+    output: Any = subprocess.PIPE if log is None else log.open("a")
     return subprocess.Popen(
         [sys.executable, "-m", "tracejudge.consumer"],
         env=environment,
-        stdout=subprocess.PIPE,
+        stdout=output,
         stderr=subprocess.STDOUT,
         text=True,
     )

@@ -1,0 +1,29 @@
+"""A record's bytes → conversation events. Nothing a record contains may raise out of here: an undecodable record
+is one reason, a span that fails to adapt costs only itself (the others still come out, with the reason)."""
+
+from __future__ import annotations
+
+from ..adapters import ConversationEvent, extract, trace_contexts
+from ..decode import MalformedRecord, decode_record
+
+
+def read_events(value: bytes | None, *, max_bytes: int) -> tuple[list[ConversationEvent], str | None]:
+    """The record's events and, when it is (partly) unreadable, why."""
+    try:
+        spans = decode_record(value, max_bytes=max_bytes)
+        traces = trace_contexts(spans)  # a span without an id goes with the conversation its trace names
+    except MalformedRecord as exc:
+        return [], str(exc)
+    except Exception as exc:  # RecursionError (deep nesting), OverflowError, TypeError, ...
+        return [], f"undecodable: {exc!r}"[:300]
+    events: list[ConversationEvent] = []
+    failure: Exception | None = None
+    for span in spans:
+        try:
+            event = extract(span, traces)
+        except Exception as exc:  # one bad span never costs the rest of the record
+            failure = failure or exc
+            continue
+        if event is not None:
+            events.append(event)
+    return events, None if failure is None else f"a span could not be read: {failure!r}"[:300]

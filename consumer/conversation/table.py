@@ -1,0 +1,397 @@
+"""One state partition's conversations: the state machine a Kafka record's events drive, with no Kafka in it.
+
+A conversation is the unit of durable state (as a Kafka Streams key-value store): the runtime writes every changed
+conversation to a compacted changelog (`take_changes()`) and restores the table from it (`restore()`) before
+processing a partition's records, so a rebalance, a restart or a replay never loses or fragments a conversation.
+Everything here is deterministic in the events and their record timestamps: replaying the same records (after a
+restart, or in backfill) cuts the same conversations and gives the same content ids.
+
+Lifecycle: open → completed (end marker, idle in record time, the turn cap, or the memory bound) → dispatched to
+the judges (a snapshot with a content id) → an outcome comes back (`verdict()`) → kept for `retention_s` for
+continuations (a later turn reopens it with its whole history) and late feedback → forgotten (a tombstone).
+Every span id seen is remembered while the conversation is kept: a redelivered span is never a new turn.
+
+Negative feedback on a conversation whose last snapshot was not judged (sampled out, skipped for budget) completes
+it again, forced; while that snapshot's outcome is unknown the decision waits for `verdict()`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter, OrderedDict
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from tracejudge.tracer.text import clip
+
+from ..adapters import ConversationEvent, Feedback, Turn
+from ..conversations import MAX_FIELD_CHARS, JudgeJob
+from ..exchanges import exchanges
+from .identity import content_id
+
+logger = logging.getLogger("tracejudge.consumer.conversation")
+
+OPEN, COMPLETED = "open", "completed"
+JUDGED_OUTCOMES = frozenset({"judged", "failed"})
+_SPAN_OVERHEAD = 200  # bytes a kept span costs beyond its text (ids, times, dict slots): an estimate, for the bound
+_STATE_OVERHEAD = 600
+MAX_FEEDBACK = 100
+MAX_DISPATCHED = 64  # content ids remembered per conversation (its judged versions)
+
+
+@dataclass(slots=True)
+class ConversationState:
+    """What the judges will need of a conversation, and what it has been through; serialisable for the changelog."""
+
+    id: str
+    first_ms: int
+    last_ms: int
+    agent: str | None = None
+    agent_named: bool = False
+    turns: dict[str, Turn] = field(default_factory=dict)
+    dropped_span_ids: list[str] = field(default_factory=list)  # spans cut from `turns` by the bound, still seen
+    status: str = OPEN
+    ended: bool = False
+    completed_by: str | None = None
+    truncated: bool = False
+    negative_feedback: bool = False
+    feedback: list[Feedback] = field(default_factory=list)
+    dispatched: dict[str, str | None] = field(default_factory=dict)  # content id → outcome (None: not known yet)
+    rejudge_on_outcome: bool = False  # negative feedback came while the last snapshot's outcome was unknown
+    completed_ms: int | None = None
+    size: int = _STATE_OVERHEAD
+
+    def seen(self, span_id: str) -> bool:
+        return span_id in self.turns or span_id in self.dropped_span_ids
+
+    @property
+    def last_content_id(self) -> str | None:
+        return next(reversed(self.dispatched), None) if self.dispatched else None
+
+    def to_json(self) -> dict[str, Any]:
+        data = {name: getattr(self, name) for name in self.__slots__ if name not in ("turns", "feedback")}  # type: ignore[attr-defined]
+        data["turns"] = [asdict(turn) for turn in self.turns.values()]
+        data["feedback"] = [asdict(item) for item in self.feedback]
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ConversationState:
+        values = dict(data)
+        turns = [Turn(**turn) for turn in values.pop("turns", [])]
+        feedback = [Feedback(**item) for item in values.pop("feedback", [])]
+        known = set(cls.__slots__)  # type: ignore[attr-defined]
+        state = cls(**{k: v for k, v in values.items() if k in known})
+        state.turns = {turn.span_id: turn for turn in turns}
+        state.feedback = feedback
+        return state
+
+
+def _turn_size(turn: Turn) -> int:
+    return _SPAN_OVERHEAD + len(turn.input or "") + len(turn.output or "")
+
+
+@dataclass(frozen=True, slots=True)
+class Dispatch:
+    """A completed conversation to judge: the snapshot and when (record time) it completed."""
+
+    job: JudgeJob
+    completed_ms: int
+
+
+class MemoryBound:
+    """Bytes held by every table of the process (shared), against `max_bytes`."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.used = 0
+
+    @property
+    def over(self) -> bool:
+        return self.used > self.max_bytes
+
+
+class ConversationTable:
+    """The conversations of one state partition. Only one thread drives a table (its partition's task)."""
+
+    def __init__(
+        self,
+        *,
+        idle_timeout_s: float = 300.0,
+        max_turns: int = 1_000,
+        max_chars: int = 400_000,
+        retention_s: float = 86_400.0,
+        memory: MemoryBound | None = None,
+    ) -> None:
+        self.idle_ms = int(idle_timeout_s * 1000)
+        self.max_turns = max_turns
+        self.max_chars = max_chars
+        self.retention_ms = int(retention_s * 1000)
+        self.memory = memory or MemoryBound(1 << 62)
+        self.states: dict[str, ConversationState] = {}
+        self._open: OrderedDict[str, None] = OrderedDict()  # by last activity (record time, roughly ordered)
+        self._completed: OrderedDict[str, None] = OrderedDict()  # by completion
+        self._dirty: set[str] = set()
+        self._removed: set[str] = set()
+        self._outbox: list[Dispatch] = []
+        self.counts: Counter[str] = Counter()
+
+    # -- reading ---------------------------------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self.states)
+
+    @property
+    def open_count(self) -> int:
+        return len(self._open)
+
+    def get(self, conversation_id: str) -> ConversationState | None:
+        return self.states.get(conversation_id)
+
+    # -- events ----------------------------------------------------------------------------------------------------
+
+    def apply(self, event: ConversationEvent, ts_ms: int) -> None:
+        """Fold one event in at record time `ts_ms`."""
+        cid = event.conversation_id
+        state = self.states.get(cid)
+        if state is not None and state.status == OPEN and state.turns and ts_ms - state.last_ms >= self.idle_ms:
+            self._complete(state, "idle_timeout", state.last_ms + self.idle_ms)  # idle before this event came
+        if event.turn is not None and state is not None and state.seen(event.turn.span_id):
+            self.counts["duplicate_spans"] += 1
+            if event.feedback is None:
+                return
+        if state is None:
+            if event.turn is None and event.feedback is None:
+                return  # an end marker for a conversation this table does not hold
+            state = ConversationState(id=cid, first_ms=ts_ms, last_ms=ts_ms)
+            self.states[cid] = state
+            self.memory.used += state.size
+            self._open[cid] = None
+        elif state.status == COMPLETED:
+            if event.feedback is not None:
+                self._feedback(state, event.feedback, ts_ms)
+            if event.turn is None or state.seen(event.turn.span_id):
+                self._touch(state)
+                return  # an end marker or feedback for a completed conversation
+            self._reopen(state)  # a continuation: a new version with its whole history
+        else:
+            self._open.move_to_end(cid)
+        state.last_ms = max(state.last_ms, ts_ms)
+        if event.agent and (not state.agent or (event.agent_named and not state.agent_named)):
+            state.agent, state.agent_named = event.agent, event.agent_named
+        if event.feedback is not None and state.status == OPEN:
+            self._add_feedback(state, event.feedback)
+        if event.turn is not None and not state.seen(event.turn.span_id):
+            self._add_turn(state, event.turn)
+        if event.ended:
+            state.ended = True
+        self._touch(state)
+        if state.turns and state.ended:
+            self._complete(state, "end_marker", ts_ms)
+        elif len(state.turns) >= self.max_turns and len(exchanges(state.turns.values())) >= self.max_turns:
+            state.truncated = True
+            self.counts["truncated_conversations"] += 1
+            self._complete(state, "turn_cap", ts_ms)
+        self._enforce_memory(ts_ms)
+
+    def verdict(self, conversation_id: str, cid_content: str, outcome: str, ts_ms: int) -> None:
+        """The judges' outcome for a snapshot (judged, failed, sampled out, skipped for budget)."""
+        state = self.states.get(conversation_id)
+        if state is None or cid_content not in state.dispatched:
+            return
+        state.dispatched[cid_content] = outcome
+        self._touch(state)
+        if (
+            state.rejudge_on_outcome
+            and outcome not in JUDGED_OUTCOMES
+            and state.status == COMPLETED
+            and cid_content == state.last_content_id
+        ):
+            state.rejudge_on_outcome = False
+            self._dispatch(state, "negative_feedback", ts_ms, force=True)
+        elif outcome in JUDGED_OUTCOMES and cid_content == state.last_content_id:
+            state.rejudge_on_outcome = False
+
+    def advance(self, now_ms: int) -> None:
+        """The partition's clock moved to `now_ms`: complete idle conversations, forget those past retention."""
+        while self._open:
+            cid = next(iter(self._open))
+            state = self.states[cid]
+            if now_ms - state.last_ms < self.idle_ms:
+                break
+            if state.turns:
+                self._complete(state, "idle_timeout", state.last_ms + self.idle_ms)
+            else:  # feedback alone, never a turn
+                self._forget(state, "empty")
+        while self._completed:
+            cid = next(iter(self._completed))
+            state = self.states[cid]
+            if state.completed_ms is None or now_ms - state.completed_ms < self.retention_ms:
+                break
+            if any(outcome is None for outcome in state.dispatched.values()):
+                break  # its outcome is not back yet: kept until it is
+            self._forget(state, "retention")
+
+    def complete_oldest(self, now_ms: int) -> bool:
+        """Complete the least recently active open conversation (a bound was reached); False when none is open."""
+        if not self._open:
+            return False
+        state = self.states[next(iter(self._open))]
+        self.counts["completed_at_bound"] += 1
+        if state.turns:
+            self._complete(state, "memory_bound", max(now_ms, state.last_ms))
+        else:
+            self._forget(state, "empty")
+        return True
+
+    def take_dispatches(self) -> list[Dispatch]:
+        out, self._outbox = self._outbox, []
+        return out
+
+    def take_changes(self) -> tuple[list[ConversationState], list[str]]:
+        """Conversations changed and forgotten since the last call (for the changelog)."""
+        changed = [self.states[cid] for cid in self._dirty if cid in self.states]
+        removed = list(self._removed)
+        self._dirty, self._removed = set(), set()
+        return changed, removed
+
+    def restore(self, state: ConversationState | None, conversation_id: str) -> None:
+        """A changelog record: the conversation as last written (None: forgotten)."""
+        old = self.states.pop(conversation_id, None)
+        if old is not None:
+            self.memory.used -= old.size
+            self._open.pop(conversation_id, None)
+            self._completed.pop(conversation_id, None)
+        if state is None:
+            return
+        self.states[conversation_id] = state
+        self.memory.used += state.size
+        (self._open if state.status == OPEN else self._completed)[conversation_id] = None
+
+    def close(self) -> None:
+        """The partition left this process: its memory goes (its state stays in the changelog)."""
+        for state in self.states.values():
+            self.memory.used -= state.size
+        self.states.clear()
+        self._open.clear()
+        self._completed.clear()
+        self._outbox.clear()
+
+    # -- internals -------------------------------------------------------------------------------------------------
+
+    def _touch(self, state: ConversationState) -> None:
+        self._dirty.add(state.id)
+
+    def _add_turn(self, state: ConversationState, turn: Turn) -> None:
+        turn.input = None if turn.input is None else clip(turn.input, MAX_FIELD_CHARS)
+        turn.output = None if turn.output is None else clip(turn.output, MAX_FIELD_CHARS)
+        state.turns[turn.span_id] = turn
+        grown = _turn_size(turn)
+        state.size += grown
+        self.memory.used += grown
+        chars = state.size - _STATE_OVERHEAD - _SPAN_OVERHEAD * len(state.turns)
+        while chars > self.max_chars and len(state.turns) > 1:  # the judge's window: the oldest spans go first
+            oldest = min(state.turns.values(), key=lambda t: (t.start_ns, t.span_id))
+            del state.turns[oldest.span_id]
+            state.dropped_span_ids.append(oldest.span_id)
+            shrink = _turn_size(oldest)
+            state.size -= shrink - 40  # the id stays
+            self.memory.used -= shrink - 40
+            chars -= shrink - _SPAN_OVERHEAD
+            state.truncated = True
+            self.counts["spans_past_window"] += 1
+
+    @staticmethod
+    def _add_feedback(state: ConversationState, feedback: Feedback) -> None:
+        if len(state.feedback) < MAX_FEEDBACK:
+            state.feedback.append(feedback)
+        if feedback.negative:
+            state.negative_feedback = True
+
+    def _feedback(self, state: ConversationState, feedback: Feedback, ts_ms: int) -> None:
+        """Feedback for a completed conversation: negative feedback gets the last snapshot judged, exactly once."""
+        already_negative = state.negative_feedback
+        self._add_feedback(state, feedback)
+        if not feedback.negative or already_negative and state.rejudge_on_outcome:
+            return
+        last = state.last_content_id
+        outcome = state.dispatched.get(last) if last is not None else None
+        if last is None or outcome in JUDGED_OUTCOMES:
+            return  # judged: the feedback joins the verdict, no second call
+        if outcome is None:
+            state.rejudge_on_outcome = True  # its outcome decides (see `verdict`)
+            return
+        self._dispatch(state, "negative_feedback", ts_ms, force=True)
+
+    def _reopen(self, state: ConversationState) -> None:
+        state.status = OPEN
+        state.ended = False
+        state.completed_by = None
+        state.completed_ms = None
+        state.rejudge_on_outcome = False
+        self._completed.pop(state.id, None)
+        self._open[state.id] = None
+
+    def _complete(self, state: ConversationState, completed_by: str, at_ms: int) -> None:
+        state.status = COMPLETED
+        state.completed_by = completed_by
+        state.completed_ms = at_ms
+        self._open.pop(state.id, None)
+        self._completed[state.id] = None
+        self._completed.move_to_end(state.id)
+        self._touch(state)
+        self._dispatch(state, completed_by, at_ms)
+
+    def _dispatch(self, state: ConversationState, completed_by: str, at_ms: int, *, force: bool = False) -> None:
+        try:
+            turns = tuple(exchanges(state.turns.values()))
+            identity = content_id(state.id, turns)
+        except Exception:  # nothing a record contains may stop the consumer
+            logger.exception("conversation %r could not be assembled: dropped", state.id)
+            self.counts["unreadable"] += 1
+            return
+        if identity in state.dispatched and not force:
+            self.counts["unchanged_completions"] += 1  # the same transcript again: one judgement per content
+            return
+        indices = [t.index for t in turns if t.index is not None]
+        version = max(len(turns), max(indices) + 1) if indices else len(turns)
+        job = JudgeJob(
+            key=f"{state.id}#{identity}",
+            conversation_id=state.id,
+            agent=state.agent or "unknown",
+            partition=-1,
+            version=version,
+            turns=turns,
+            has_error=any(t.is_error for t in turns),
+            negative_feedback=force or state.negative_feedback,
+            truncated=state.truncated,
+            completed_by=completed_by,
+            content_id=identity,
+        )
+        state.dispatched.pop(identity, None)
+        state.dispatched[identity] = None
+        while len(state.dispatched) > MAX_DISPATCHED:
+            state.dispatched.pop(next(iter(state.dispatched)))
+        self._touch(state)
+        self._outbox.append(Dispatch(job, at_ms))
+
+    def _forget(self, state: ConversationState, reason: str) -> None:
+        del self.states[state.id]
+        self._open.pop(state.id, None)
+        self._completed.pop(state.id, None)
+        self.memory.used -= state.size
+        self._dirty.discard(state.id)
+        self._removed.add(state.id)
+        self.counts[f"forgotten_{reason}"] += 1
+
+    def _enforce_memory(self, now_ms: int) -> None:
+        """Past the memory bound: forget completed conversations (oldest first), then complete the least recently
+        active open ones (`memory_bound`): counted, and a continuation then starts without the forgotten history."""
+        while self.memory.over and self._completed:
+            cid = next(iter(self._completed))
+            self._forget(self.states[cid], "memory")
+        while self.memory.over and self._open:
+            cid = next(iter(self._open))
+            state = self.states[cid]
+            if state.turns:
+                self._complete(state, "memory_bound", now_ms)
+            self._forget(state, "memory")

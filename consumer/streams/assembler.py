@@ -1,0 +1,577 @@
+"""The assembler: span records in, conversations as durable state, completed conversations out to the judge queue.
+
+One thread (the stream thread) owns three Kafka clients: the group consumer of the input topic (cooperative-sticky,
+optionally static membership), a manually assigned consumer for the internal repartition and changelog partitions
+of the tasks it owns, and a producer. Owning input partition p makes this process the owner of state partition p
+(a task): the conversations whose id hashes to p, fed by p's own records and by repartition partition p.
+
+- Routing. A record's events whose conversation hashes to the partition they were read from (our exporter keys by
+  conversation id) are applied at once; the others (the Collector keys by trace id) go to their owner through the
+  repartition topic, with the record's timestamp.
+- Restoration. A newly assigned task is paused, its changelog read to the end (latest state per conversation,
+  tombstones, the positions record) and only then are its records processed.
+- Commit (every commit interval, on revocation and at shutdown), in Kafka Streams' order: flush the producer (the
+  forwarded events and judge jobs are acknowledged), write every changed conversation and the task's positions to
+  the changelog and flush again, then commit the input offsets. A crash anywhere in between replays records since
+  the last commit into restored state, where a span already seen is a duplicate: at-least-once, never a fragment.
+- Completion by the conversation's own clock: a task's clock is the highest record timestamp it has read, or wall
+  time once every source of the task is caught up; a lagging or paused task never makes its conversations idle.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from kafka import AsyncConsumerRebalanceListener, KafkaConsumer, KafkaProducer, TopicPartition
+from kafka.coordinator.assignors.cooperative_sticky import CooperativeStickyAssignor
+from kafka.structs import OffsetAndMetadata
+
+from tracejudge.tracer.rate_limited_log import RateLimitedLog
+
+from ..adapters import ConversationEvent
+from ..conversation.reading import read_events
+from ..conversation.table import COMPLETED, OPEN, ConversationState, ConversationTable, MemoryBound
+from ..conversations import JudgeJob
+from ..emit import KafkaWriter
+from ..emit.prometheus import ConsumerMetrics
+from ..settings import Settings
+from . import records as R
+from .instruments import StreamsInstruments
+from .partitioner import state_partition
+from .topics import InternalTopics
+
+logger = logging.getLogger("tracejudge.consumer.streams")
+FUTURE_SLACK_MS = 5 * 60 * 1000  # a record stamped further ahead than this (a producer's bad clock) is not believed
+
+
+def wall_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass(slots=True)
+class Task:
+    """State partition p owned here: its table, where its sources stand, its clock."""
+
+    partition: int
+    table: ConversationTable
+    restoring: bool = True
+    restore_started: float = field(default_factory=time.monotonic)
+    changelog_position: int = 0
+    changelog_end: int | None = None
+    repartition_position: int = 0
+    input_position: int | None = None  # next input offset to process (None: nothing read since assignment)
+    committed_input: int | None = None
+    watermark_ms: int = 0
+    unflushed: dict[str, ConversationState | None] = field(default_factory=dict)
+    positions_dirty: bool = False
+    reported: dict[str, int] = field(default_factory=dict)  # table counts already exported
+
+
+class Assembler(AsyncConsumerRebalanceListener):
+    def __init__(
+        self,
+        settings: Settings,
+        prometheus: ConsumerMetrics,
+        instruments: StreamsInstruments,
+        select: Callable[[JudgeJob], bool],
+        *,
+        partitions: int,
+        consumer_factory: Callable[..., KafkaConsumer] = KafkaConsumer,
+        producer_factory: Callable[..., KafkaProducer] = KafkaProducer,
+    ) -> None:
+        self.settings = settings
+        self.prometheus = prometheus
+        self.instruments = instruments
+        self.select = select
+        self.partitions = partitions
+        self.topics = InternalTopics(settings.group_id)
+        self.memory = MemoryBound(settings.max_state_bytes)
+        self.tasks: dict[int, Task] = {}
+        self.consumer_factory = consumer_factory
+        self.producer_factory = producer_factory
+        self.group: KafkaConsumer | None = None
+        self.side: KafkaConsumer | None = None
+        self.producer: KafkaProducer | None = None
+        self.dead_letter: KafkaWriter | None = None
+        self._send_failed = False
+        self._stop = threading.Event()
+        self.assigned = threading.Event()  # set once partitions were assigned and restored (ready)
+        self._side_assignment: set[TopicPartition] = set()
+        self._malformed_log = RateLimitedLog(logger, interval_s=10.0)
+        self._send_log = RateLimitedLog(logger, interval_s=10.0)
+        self._lag_reported: set[int] = set()
+
+    # -- lifecycle -------------------------------------------------------------------------------------------------
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    def open(self) -> None:
+        settings = self.settings
+        common = settings.consumer_config()
+        group_config: dict[str, Any] = {
+            "bootstrap_servers": settings.bootstrap_servers,
+            "group_id": settings.group_id,
+            "client_id": "tracejudge-assembler",
+            "enable_auto_commit": False,
+            "auto_offset_reset": settings.start_from,
+            "max_poll_records": 500,
+            "partition_assignment_strategy": [CooperativeStickyAssignor],
+            **common,
+        }
+        if settings.group_instance_id:
+            group_config["group_instance_id"] = settings.group_instance_id
+        self.producer = self.producer_factory(
+            bootstrap_servers=settings.bootstrap_servers,
+            client_id="tracejudge-state",
+            acks="all",
+            linger_ms=5,
+            **settings.producer_config(),
+        )
+        side_config = {k: v for k, v in common.items() if k not in ("group_id", "group_instance_id")}
+        self.side = self.consumer_factory(
+            bootstrap_servers=settings.bootstrap_servers,
+            client_id="tracejudge-restore",
+            enable_auto_commit=False,
+            group_id=None,
+            auto_offset_reset="earliest",
+            max_poll_records=2000,
+            **side_config,
+        )
+        self.group = self.consumer_factory(**group_config)
+        self.group.subscribe([settings.topic], listener=self)
+        if settings.dead_letter_topic:
+            self.dead_letter = KafkaWriter(
+                settings.bootstrap_servers,
+                settings.dead_letter_topic,
+                on_error=lambda: self.prometheus.record_output_error("dead_letter"),
+                **settings.producer_config(),
+            ).start()
+
+    def step(self) -> None:
+        """One round of the stream thread: poll, restore, process, complete, dispatch, maybe commit."""
+        assert self.group is not None and self.side is not None
+        batches = self.group.poll(timeout_ms=100, max_records=500)
+        self._sync_side()
+        for tp, records in batches.items():
+            task = self.tasks.get(tp.partition)
+            if task is None or task.restoring:
+                self.group.seek(tp, records[0].offset)  # read again once restored
+                continue
+            for record in records:
+                self._input(task, record)
+            task.input_position = records[-1].offset + 1
+            task.positions_dirty = True
+        side = self.side.poll(timeout_ms=0 if batches else 50, max_records=2000) if self._side_assignment else {}
+        for tp, records in side.items():
+            task = self.tasks.get(tp.partition)
+            if task is None:
+                continue
+            if tp.topic == self.topics.changelog:
+                if task.restoring:
+                    for record in records:
+                        self._restore(task, record)
+                    task.changelog_position = records[-1].offset + 1
+            elif not task.restoring:
+                for record in records:
+                    self._repartitioned(task, record)
+                task.repartition_position = records[-1].offset + 1
+                task.positions_dirty = True
+        self._finish_restores()
+        self._advance()
+        self._bound_open()
+        self._dispatch()
+
+    def close(self, grace_s: float) -> None:
+        """Commit what is done, then leave the group (static members stay: their partitions wait for them)."""
+        try:
+            offsets = self._flush(set(self.tasks))
+            if offsets and self.group is not None:
+                self.group.commit(offsets)
+        except Exception as exc:
+            logger.warning("final commit failed (records since the last commit are read again): %r", exc)
+        for client in (self.group, self.side):
+            if client is not None:
+                try:
+                    client.close(autocommit=False)
+                except Exception as exc:
+                    logger.warning("closing a consumer: %r", exc)
+        if self.producer is not None:
+            try:
+                self.producer.close(timeout=max(0.5, grace_s))
+            except Exception as exc:
+                logger.warning("closing the producer: %r", exc)
+        if self.dead_letter is not None:
+            self.dead_letter.close(max(0.5, grace_s))
+        for task in self.tasks.values():
+            task.table.close()
+
+    # -- rebalance (kafka-python's IO thread, while the stream thread waits in poll()) -------------------------------
+
+    def _mine(self, partitions: Any) -> set[int]:
+        return {tp.partition for tp in partitions if tp.topic == self.settings.topic}
+
+    async def on_partitions_assigned(self, assigned: Any) -> None:
+        mine = self._mine(assigned)
+        if not mine:
+            return
+        assert self.group is not None
+        self.group.pause(*[TopicPartition(self.settings.topic, p) for p in mine])  # processed once restored
+        for partition in mine:
+            self.tasks[partition] = Task(partition, self._table())
+        logger.info("partitions assigned: %s (restoring their state)", sorted(mine))
+
+    async def on_partitions_revoked(self, revoked: Any) -> None:
+        mine = self._mine(revoked) & set(self.tasks)
+        if not mine:
+            return
+        assert self.group is not None
+        try:
+            offsets = self._flush(mine)  # the new owner restores what we flush now
+            if offsets:
+                await self.group.commit_async(offsets)
+        except Exception as exc:
+            logger.warning("commit on revocation failed (the new owner re-reads from the last commit): %r", exc)
+        self._drop(mine)
+        logger.info("partitions revoked: %s (state handed over through the changelog)", sorted(mine))
+
+    async def on_partitions_lost(self, lost: Any) -> None:
+        mine = self._mine(lost) & set(self.tasks)
+        self._drop(mine)  # evicted: a commit would be refused; the new owner restores the last flushed state
+        if mine:
+            logger.warning("partitions lost: %s (the new owner restores their last committed state)", sorted(mine))
+
+    def _drop(self, partitions: set[int]) -> None:
+        for partition in partitions:
+            task = self.tasks.pop(partition, None)
+            if task is not None:
+                task.table.close()
+        self.prometheus.forget_partitions(partitions)
+        self._lag_reported -= partitions
+
+    # -- the stream thread -----------------------------------------------------------------------------------------
+
+    def _table(self) -> ConversationTable:
+        settings = self.settings
+        return ConversationTable(
+            idle_timeout_s=settings.session_idle_timeout,
+            max_turns=settings.max_turns_per_conversation,
+            max_chars=settings.max_conversation_chars,
+            retention_s=settings.state_retention,
+            memory=self.memory,
+        )
+
+    def _sync_side(self) -> None:
+        """The manual consumer reads the changelog of restoring tasks and the repartition topic of active ones."""
+        assert self.side is not None
+        wanted: dict[TopicPartition, int] = {}
+        for task in self.tasks.values():
+            if task.restoring:
+                wanted[TopicPartition(self.topics.changelog, task.partition)] = task.changelog_position
+            else:
+                wanted[TopicPartition(self.topics.repartition, task.partition)] = task.repartition_position
+        if set(wanted) == self._side_assignment:
+            return
+        added = set(wanted) - self._side_assignment
+        self.side.assign(list(wanted))
+        for tp in added:
+            self.side.seek(tp, wanted[tp])
+        self._side_assignment = set(wanted)
+
+    def _restore(self, task: Task, record: Any) -> None:
+        self.instruments.restored.inc()
+        kind = R.kind_of(record.headers)
+        try:
+            if kind == R.POSITIONS:
+                positions = R.loads(record.value)
+                task.repartition_position = int(positions["repartition"])
+                task.watermark_ms = max(task.watermark_ms, int(positions.get("watermark", 0)))
+            elif kind == R.STATE and record.key is not None:
+                cid = record.key.decode("utf-8", "surrogatepass")
+                state = None if record.value is None else ConversationState.from_json(R.loads(record.value))
+                task.table.restore(state, cid)
+        except Exception as exc:  # a changelog record we cannot read costs that conversation, never the partition
+            logger.warning("unreadable changelog record at %d/%d: %r", record.partition, record.offset, exc)
+
+    def _finish_restores(self) -> None:
+        assert self.side is not None and self.group is not None
+        for task in self.tasks.values():
+            if not task.restoring:
+                continue
+            tp = TopicPartition(self.topics.changelog, task.partition)
+            end = self.side.highwater(tp)
+            if end is None or task.changelog_position < end:
+                continue
+            task.restoring = False
+            task.table.take_changes()  # restored state is already in the changelog
+            task.table.take_dispatches()
+            elapsed = time.monotonic() - task.restore_started
+            self.instruments.restore_seconds.observe(elapsed)
+            self.group.resume(TopicPartition(self.settings.topic, task.partition))
+            logger.info(
+                "partition %d restored: %d conversations from %d changelog records in %.2fs",
+                task.partition,
+                len(task.table),
+                end,
+                elapsed,
+            )
+        if self.tasks and not any(task.restoring for task in self.tasks.values()):
+            self.assigned.set()
+
+    def _timestamp(self, record: Any) -> int:
+        now = wall_ms()
+        ts = record.timestamp if isinstance(record.timestamp, int) and record.timestamp > 0 else now
+        return min(ts, now + FUTURE_SLACK_MS)
+
+    def _input(self, task: Task, record: Any) -> None:
+        events, failure = read_events(record.value, max_bytes=self.settings.max_record_bytes)
+        ts = self._timestamp(record)
+        task.watermark_ms = max(task.watermark_ms, ts)
+        remote: dict[str, list[ConversationEvent]] = {}
+        local = 0
+        for event in events:
+            if state_partition(event.conversation_id, self.partitions) == task.partition:
+                failure = self._apply(task, event, ts) or failure
+                local += 1
+            else:
+                remote.setdefault(event.conversation_id, []).append(event)
+        if local:
+            self.instruments.routed.labels(route="local").inc(local)
+        for cid, items in remote.items():
+            self._send(
+                self.topics.repartition,
+                cid,
+                R.dumps({"events": [R.event_to_json(e) for e in items]}),
+                R.EVENTS,
+                partition=state_partition(cid, self.partitions),
+                timestamp_ms=ts,
+            )
+            self.instruments.routed.labels(route="repartition").inc(len(items))
+        if failure is not None:
+            self._malformed(record, failure)
+        else:
+            self.prometheus.record_records("ok")
+
+    def _apply(self, task: Task, event: ConversationEvent, ts: int) -> str | None:
+        try:
+            task.table.apply(event, ts)
+        except Exception as exc:  # nothing a record contains may stop the consumer
+            return f"a span could not be folded in: {exc!r}"[:300]
+        if event.feedback is not None:  # the judge worker joins feedback to verdicts: same partition, same owner
+            self._send(
+                self.topics.judge_queue,
+                event.conversation_id,
+                R.dumps({"agent": event.agent, "feedback": R.event_to_json(event)["feedback"]}),
+                R.FEEDBACK,
+                partition=task.partition,
+                timestamp_ms=ts,
+            )
+        return None
+
+    def _repartitioned(self, task: Task, record: Any) -> None:
+        ts = self._timestamp(record)
+        task.watermark_ms = max(task.watermark_ms, ts)
+        kind = R.kind_of(record.headers)
+        try:
+            cid = record.key.decode("utf-8", "surrogatepass")
+            value = R.loads(record.value)
+            if kind == R.EVENTS:
+                for item in value["events"]:
+                    self._apply(task, R.event_from_json(cid, item), ts)
+            elif kind == R.VERDICT:
+                task.table.verdict(cid, str(value["content_id"]), str(value["outcome"]), ts)
+        except Exception as exc:
+            logger.warning("unreadable repartition record at %d/%d: %r", record.partition, record.offset, exc)
+
+    def _caught_up(self, task: Task) -> bool:
+        assert self.group is not None and self.side is not None
+        tp = TopicPartition(self.settings.topic, task.partition)
+        end = self.group.highwater(tp)
+        if end is None:
+            return False
+        position = task.input_position
+        if position is None:
+            try:
+                position = self.group.position(tp, timeout_ms=0)
+            except Exception:
+                return False
+        if position is None or position < end:
+            return False
+        side_end = self.side.highwater(TopicPartition(self.topics.repartition, task.partition))
+        return side_end is None or task.repartition_position >= side_end
+
+    def _advance(self) -> None:
+        now = wall_ms()
+        for task in self.tasks.values():
+            if task.restoring:
+                continue
+            clock = max(task.watermark_ms, now) if self._caught_up(task) else task.watermark_ms
+            task.table.advance(clock)
+
+    def _bound_open(self) -> None:
+        """Past --max-open-conversations, the least recently active open conversations complete (`memory_bound`,
+        counted): pausing cannot help, since a paused partition's clock stands still and nothing would complete."""
+        excess = sum(task.table.open_count for task in self.tasks.values()) - self.settings.max_open_conversations
+        while excess > 0:
+            busiest = max(self.tasks.values(), key=lambda t: t.table.open_count)
+            if busiest.table.open_count == 0 or not busiest.table.complete_oldest(busiest.watermark_ms):
+                return
+            excess -= 1
+
+    def _dispatch(self) -> None:
+        for task in self.tasks.values():
+            if task.restoring:
+                continue
+            for dispatch in task.table.take_dispatches():
+                job = dispatch.job
+                sampled = self.select(job)
+                self._send(
+                    self.topics.judge_queue,
+                    job.conversation_id,
+                    R.dumps(R.job_to_json(job, sampled=sampled, completed_ms=dispatch.completed_ms)),
+                    R.JOB,
+                    partition=task.partition,
+                    timestamp_ms=dispatch.completed_ms,
+                )
+                self.instruments.completed.labels(completed_by=job.completed_by).inc()
+
+    def _send(self, topic: str, key: str | bytes, value: bytes | None, kind: str, **kwargs: Any) -> None:
+        assert self.producer is not None
+        raw_key = key if isinstance(key, bytes) else key.encode("utf-8", "surrogatepass")
+        try:
+            future = self.producer.send(topic, key=raw_key, value=value, headers=R.header(kind), **kwargs)
+        except Exception as exc:
+            self._send_error(topic, exc)
+            return
+        future.add_errback(lambda exc: self._send_error(topic, exc))
+
+    def _send_error(self, topic: str, exc: BaseException) -> None:
+        self._send_failed = True
+        output = "changelog" if topic == self.topics.changelog else "internal_topics"
+        self.prometheus.record_output_error(output)
+        self._send_log.warning(
+            "writing to internal topic %s failed: %r (nothing is committed past it; check the brokers)", topic, exc
+        )
+
+    def _malformed(self, record: Any, reason: str) -> None:
+        self.prometheus.record_records("malformed")
+        self._malformed_log.warning(
+            "malformed record at partition %d offset %d: %s", record.partition, record.offset, reason
+        )
+        if self.dead_letter is not None:
+            headers = [
+                ("tracejudge.error", reason.encode("utf-8", "replace")[:1000]),
+                ("tracejudge.source", f"{record.topic}/{record.partition}/{record.offset}".encode()),
+            ]
+            self.dead_letter.write(record.key, record.value or b"", headers)
+
+    # -- commit ----------------------------------------------------------------------------------------------------
+
+    def _flush(self, partitions: set[int], timeout_s: float = 30.0) -> dict[TopicPartition, OffsetAndMetadata]:
+        """Make the tasks' progress durable; returns the input offsets that may now be committed (empty if not)."""
+        assert self.producer is not None
+        tasks = [self.tasks[p] for p in sorted(partitions) if p in self.tasks and not self.tasks[p].restoring]
+        if not tasks:
+            return {}
+        self._send_failed = False
+        self.producer.flush(timeout=timeout_s)  # forwarded events and judge jobs acknowledged first
+        if self._send_failed:
+            for task in tasks:
+                self._recover(task)
+            return {}
+        for task in tasks:
+            changed, removed = task.table.take_changes()
+            for state in changed:
+                task.unflushed[state.id] = state
+            for cid in removed:
+                task.unflushed[cid] = None
+            for cid, state in task.unflushed.items():
+                value = None if state is None else R.dumps(state.to_json())
+                self._send(self.topics.changelog, cid, value, R.STATE, partition=task.partition)
+            if task.unflushed or task.positions_dirty:
+                positions = {
+                    "input": task.input_position,
+                    "repartition": task.repartition_position,
+                    "watermark": task.watermark_ms,
+                }
+                self._send(self.topics.changelog, R.POSITIONS_KEY, R.dumps(positions), R.POSITIONS, partition=task.partition)
+        self.producer.flush(timeout=timeout_s)
+        if self._send_failed:
+            return {}  # the changes stay unflushed and go out again at the next commit
+        offsets: dict[TopicPartition, OffsetAndMetadata] = {}
+        for task in tasks:
+            task.unflushed.clear()
+            task.positions_dirty = False
+            if task.input_position is not None and task.input_position != task.committed_input:
+                offsets[TopicPartition(self.settings.topic, task.partition)] = OffsetAndMetadata(
+                    task.input_position, "", -1
+                )
+        return offsets
+
+    def commit(self) -> None:
+        assert self.group is not None
+        offsets = self._flush(set(self.tasks))
+        if not offsets:
+            return
+        try:
+            self.group.commit(offsets)
+        except Exception as exc:
+            logger.warning("commit failed (will retry): %r", exc)
+            return
+        for tp, meta in offsets.items():
+            task = self.tasks.get(tp.partition)
+            if task is not None:
+                task.committed_input = meta.offset
+
+    def _recover(self, task: Task) -> None:
+        """A write to an internal topic failed for good: rebuild the task from its changelog and its last commit."""
+        assert self.group is not None
+        tp = TopicPartition(self.settings.topic, task.partition)
+        logger.warning("partition %d: an internal write failed; restoring it from the changelog", task.partition)
+        task.table.close()
+        fresh = Task(task.partition, self._table())
+        self.tasks[task.partition] = fresh
+        self.group.pause(tp)
+        try:
+            committed = self.group.committed(tp)
+        except Exception:
+            committed = task.committed_input
+        if committed is not None:
+            self.group.seek(tp, committed)
+        else:
+            self.group.seek_to_beginning(tp) if self.settings.start_from == "earliest" else self.group.seek_to_end(tp)
+
+    # -- gauges ----------------------------------------------------------------------------------------------------
+
+    def update_gauges(self, *, lag: bool) -> None:
+        open_count = sum(task.table.open_count for task in self.tasks.values())
+        total = sum(len(task.table) for task in self.tasks.values())
+        self.prometheus.sessions_open.set(open_count)
+        self.instruments.conversations.labels(status=OPEN).set(open_count)
+        self.instruments.conversations.labels(status=COMPLETED).set(total - open_count)
+        self.instruments.bytes.set(self.memory.used)
+        for task in self.tasks.values():
+            for key, count in task.table.counts.items():
+                delta = count - task.reported.get(key, 0)
+                if delta > 0 and key.startswith("forgotten_"):
+                    self.instruments.forgotten.labels(reason=key.removeprefix("forgotten_")).inc(delta)
+                task.reported[key] = count
+        if not lag or self.group is None:
+            return
+        for task in self.tasks.values():
+            tp = TopicPartition(self.settings.topic, task.partition)
+            end = self.group.highwater(tp)
+            position = task.input_position
+            if position is None:
+                try:
+                    position = self.group.position(tp, timeout_ms=0)
+                except Exception:
+                    position = None
+            if end is not None and position is not None:
+                self.prometheus.set_lag(task.partition, end - position)
+                self._lag_reported.add(task.partition)

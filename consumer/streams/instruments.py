@@ -1,0 +1,58 @@
+"""Prometheus instruments of the Kafka runtime: state size, restoration, routing, completions, judge-queue lag."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+RESTORE_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+FORGOTTEN_REASONS = ("retention", "memory", "empty")
+
+
+class StreamsInstruments:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.conversations = Gauge(
+            "tracejudge_state_conversations",
+            "Conversations held in this process's state stores, open or completed (kept for the retention period)",
+            ["status"],
+            registry=registry,
+        )
+        self.bytes = Gauge(
+            "tracejudge_state_bytes", "Estimated bytes of conversation state held in memory", registry=registry
+        )
+        self.forgotten = Counter(
+            "tracejudge_conversations_forgotten_total",
+            "Conversations dropped from state: past retention, past the memory bound, or without a turn",
+            ["reason"],
+            registry=registry,
+        )
+        self.completed = Counter(
+            "tracejudge_conversations_completed_total",
+            "Conversations completed (and sent to the judge queue) by what completed them",
+            ["completed_by"],
+            registry=registry,
+        )
+        self.restore_seconds = Histogram(
+            "tracejudge_state_restore_seconds",
+            "Time to restore one partition's state from its changelog before processing it",
+            buckets=RESTORE_BUCKETS,
+            registry=registry,
+        )
+        self.restored = Counter(
+            "tracejudge_state_restored_records_total", "Changelog records read while restoring", registry=registry
+        )
+        self.routed = Counter(
+            "tracejudge_span_events_total",
+            "Conversation events by route: applied where read (local) or sent to their owner (repartition)",
+            ["route"],
+            registry=registry,
+        )
+        self.judge_queue_lag = Gauge(
+            "tracejudge_judge_queue_lag",
+            "Completed conversations waiting for a judge: judge-queue high watermark minus the judges' position",
+            ["partition"],
+            registry=registry,
+        )
+        for reason in FORGOTTEN_REASONS:
+            self.forgotten.labels(reason=reason)
+        for route in ("local", "repartition"):
+            self.routed.labels(route=route)

@@ -1,0 +1,340 @@
+"""The judge worker: completed conversations from the judge queue → the judge pool → outputs → a verdict back.
+
+Its own consumer group (`<group>-judges`, cooperative-sticky) on the judge-queue topic, so judging scales apart
+from assembly and a slow judge is judge-queue lag, not memory: past `max_pending` jobs the worker pauses its
+partitions. A job's offset is committed once every output reported it durable (the results topic acknowledged,
+the OTLP exporter succeeded) and the verdict acknowledgement (which tells the conversation's owner the outcome,
+for negative feedback) is acknowledged. The group's `--max-cost-per-hour` is split by the judge-queue partitions
+each worker owns, so replicas together never exceed it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from kafka import AsyncConsumerRebalanceListener, KafkaConsumer, KafkaProducer, TopicPartition
+from kafka.coordinator.assignors.cooperative_sticky import CooperativeStickyAssignor
+from kafka.structs import OffsetAndMetadata
+
+from tracejudge.tracer.rate_limited_log import RateLimitedLog
+
+from ..adapters import Feedback
+from ..delivery import Delivery
+from ..emit.prometheus import ConsumerMetrics
+from ..feedback import FeedbackJoiner
+from ..offsets import OffsetTracker
+from ..pool import OUTCOME_SAMPLED_OUT, Judgement, JudgePool
+from ..settings import Settings
+from . import records as R
+from .instruments import StreamsInstruments
+from .topics import InternalTopics
+
+logger = logging.getLogger("tracejudge.consumer.judges")
+
+
+class JudgeWorker(AsyncConsumerRebalanceListener):
+    def __init__(
+        self,
+        settings: Settings,
+        pool: JudgePool,
+        delivery: Delivery,
+        prometheus: ConsumerMetrics,
+        instruments: StreamsInstruments,
+        *,
+        partitions: int,
+        feedback: FeedbackJoiner | None = None,
+        consumer_factory: Callable[..., KafkaConsumer] = KafkaConsumer,
+        producer_factory: Callable[..., KafkaProducer] = KafkaProducer,
+    ) -> None:
+        self.settings = settings
+        self.pool = pool
+        self.delivery = delivery
+        self.prometheus = prometheus
+        self.instruments = instruments
+        self.partitions = partitions
+        self.feedback = feedback
+        self.topics = InternalTopics(settings.group_id)
+        self.offsets = OffsetTracker()
+        self.max_pending = max(4, settings.max_concurrency * 4)
+        self.consumer_factory = consumer_factory
+        self.producer_factory = producer_factory
+        self.consumer: KafkaConsumer | None = None
+        self.producer: KafkaProducer | None = None
+        self.probe: KafkaConsumer | None = None
+        self.paused = False
+        self.stopping = False  # shutting down: newly assigned partitions stay paused
+        self.assigned: set[int] = set()
+        self._committed: dict[int, int] = {}
+        self._budget_total = settings.max_cost_per_hour
+        self._log = RateLimitedLog(logger, interval_s=10.0)
+        self._ack_failed = False
+        self._lag_reported: set[int] = set()
+        self.joined = threading.Event()
+        self.share_budget()
+
+    @property
+    def group_id(self) -> str:
+        return f"{self.settings.group_id}-judges"
+
+    def open(self) -> None:
+        settings = self.settings
+        common = settings.consumer_config()
+        config: dict[str, Any] = {
+            "bootstrap_servers": settings.bootstrap_servers,
+            "group_id": self.group_id,
+            "client_id": "tracejudge-judges",
+            "enable_auto_commit": False,
+            "auto_offset_reset": "earliest",  # every completed conversation is judged, whenever the worker joins
+            "max_poll_records": max(1, self.max_pending),
+            "partition_assignment_strategy": [CooperativeStickyAssignor],
+            **common,
+        }
+        if settings.group_instance_id:
+            config["group_instance_id"] = f"{settings.group_instance_id}-judges"
+        self.producer = self.producer_factory(
+            bootstrap_servers=settings.bootstrap_servers,
+            client_id="tracejudge-verdicts",
+            acks="all",
+            linger_ms=5,
+            **settings.producer_config(),
+        )
+        self.consumer = self.consumer_factory(**config)
+        self.consumer.subscribe([self.topics.judge_queue], listener=self)
+
+    # -- rebalance --------------------------------------------------------------------------------------------------
+
+    def share_budget(self) -> None:
+        """This worker's share of the group's budget: the share of judge-queue partitions it owns."""
+        if self._budget_total is None:
+            return
+        self.pool.budget.max_per_hour = self._budget_total * len(self.assigned) / max(1, self.partitions)
+
+    async def on_partitions_assigned(self, assigned: Any) -> None:
+        self.assigned |= {tp.partition for tp in assigned}
+        self.share_budget()
+        if (self.paused or self.stopping) and self.consumer is not None and assigned:
+            self.consumer.pause(*assigned)  # backpressure holds across a rebalance
+        self.joined.set()
+        if assigned:
+            logger.info("judge-queue partitions assigned: %s", sorted(tp.partition for tp in assigned))
+
+    async def on_partitions_revoked(self, revoked: Any) -> None:
+        mine = {tp.partition for tp in revoked}
+        if not mine or self.consumer is None:
+            return
+        self.delivery.drain(self._finished)
+        offsets = self._ack_and_offsets(mine)
+        if offsets:
+            try:
+                await self.consumer.commit_async(offsets)
+            except Exception as exc:
+                logger.warning("judge-queue commit on revocation failed (jobs since are judged again): %r", exc)
+        self._forget(mine)
+
+    async def on_partitions_lost(self, lost: Any) -> None:
+        self._forget({tp.partition for tp in lost})
+
+    def _forget(self, partitions: set[int]) -> None:
+        self.assigned -= partitions
+        self.share_budget()
+        self.offsets.forget_partitions(partitions)
+        for partition in partitions:
+            self._committed.pop(partition, None)
+            if partition in self._lag_reported:
+                try:
+                    self.instruments.judge_queue_lag.remove(str(partition))
+                except KeyError:
+                    pass
+        self._lag_reported -= partitions
+
+    # -- the worker thread ------------------------------------------------------------------------------------------
+
+    def step(self) -> None:
+        assert self.consumer is not None
+        batches = self.consumer.poll(timeout_ms=100, max_records=self.max_pending)
+        for tp, records in batches.items():
+            for record in records:
+                self._record(tp.partition, record)
+            self.offsets.consumed(tp.partition, records[-1].offset + 1)
+        self.delivery.drain(self._finished)
+        self._backpressure()
+
+    def _record(self, partition: int, record: Any) -> None:
+        kind = R.kind_of(record.headers)
+        try:
+            value = R.loads(record.value)
+            if kind == R.JOB:
+                job, sampled, _completed_ms = R.job_from_json(value, key=f"{partition}:{record.offset}", partition=partition)
+            elif kind == R.FEEDBACK:
+                self._feedback(record.key.decode("utf-8", "surrogatepass"), value)
+                return
+            else:
+                return
+        except Exception as exc:
+            self._log.warning("unreadable judge-queue record at %d/%d skipped: %r", partition, record.offset, exc)
+            return
+        self.offsets.hold(job.key, partition, record.offset)
+        if sampled:
+            self.pool.submit(job)
+        else:
+            self.delivery.not_judged(Judgement(job, OUTCOME_SAMPLED_OUT))
+
+    def _feedback(self, conversation_id: str, value: dict[str, Any]) -> None:
+        feedback = Feedback(**value["feedback"])
+        agent = value.get("agent") or "unknown"
+        self.prometheus.record_feedback(agent, negative=feedback.negative)
+        if self.feedback is not None:
+            self.feedback.feedback(conversation_id, agent, feedback)
+
+    def _finished(self, judgement: Judgement) -> None:
+        """Its outputs are durable: tell the conversation's owner the outcome, then its offset may be committed."""
+        job = judgement.job
+        assert self.producer is not None
+        value = R.dumps({"content_id": job.content_id, "outcome": judgement.outcome})
+        try:
+            future = self.producer.send(
+                self.topics.repartition,
+                key=job.conversation_id.encode("utf-8", "surrogatepass"),
+                value=value,
+                headers=R.header(R.VERDICT),
+                partition=job.partition,
+            )
+            future.add_errback(self._ack_error)
+        except Exception as exc:
+            self._ack_error(exc)
+        self.offsets.release(job.key)
+
+    def _ack_error(self, exc: BaseException) -> None:
+        self._ack_failed = True
+        self.prometheus.record_output_error("internal_topics")
+        self._log.warning("a verdict acknowledgement could not be written: %r (its job is judged again)", exc)
+
+    def _backpressure(self) -> None:
+        assert self.consumer is not None
+        full = self.pool.pending + self.delivery.awaiting >= self.max_pending
+        if full:
+            unpaused = self.consumer.assignment() - self.consumer.paused()
+            if unpaused:
+                self.consumer.pause(*unpaused)
+            if not self.paused:
+                logger.info("judges busy: %d jobs pending, the judge queue waits in Kafka", self.pool.pending)
+            self.paused = True
+        elif self.paused:
+            self.consumer.resume(*self.consumer.paused())
+            self.paused = False
+
+    def _ack_and_offsets(self, partitions: set[int] | None = None) -> dict[TopicPartition, OffsetAndMetadata]:
+        assert self.producer is not None and self.consumer is not None
+        self._ack_failed = False
+        self.producer.flush(timeout=30)
+        if self._ack_failed:
+            return {}
+        return {
+            TopicPartition(self.topics.judge_queue, partition): OffsetAndMetadata(offset, "", -1)
+            for partition, offset in self.offsets.committable().items()
+            if partition in self.assigned
+            and (partitions is None or partition in partitions)
+            and self._committed.get(partition) != offset
+        }
+
+    def commit(self) -> None:
+        if self.consumer is None:
+            return
+        offsets = self._ack_and_offsets()
+        if not offsets:
+            return
+        try:
+            self.consumer.commit(offsets)
+        except Exception as exc:
+            logger.warning("judge-queue commit failed (will retry): %r", exc)
+            return
+        for tp, meta in offsets.items():
+            self._committed[tp.partition] = meta.offset
+
+    def update_gauges(self, *, lag: bool) -> None:
+        self.prometheus.in_flight.set(self.pool.in_flight)
+        if not lag or self.consumer is None:
+            return
+        paused = {tp.partition for tp in self.consumer.paused()}
+        fresh = self._probe_highwaters(paused) if paused else {}
+        for tp in self.consumer.assignment():
+            end = fresh.get(tp.partition, self.consumer.highwater(tp))
+            try:
+                position = self.consumer.position(tp, timeout_ms=0)
+            except Exception:
+                continue
+            if end is None or position is None:
+                continue
+            self.instruments.judge_queue_lag.labels(partition=str(tp.partition)).set(max(0, end - position))
+            self._lag_reported.add(tp.partition)
+
+    def _probe_highwaters(self, partitions: set[int]) -> dict[int, int]:
+        """Paused partitions are not fetched, so their high watermark goes stale: a probe consumer fetches one
+        small batch from each to learn it (Tansu answers ListOffsets wrongly, and a fetch is what clients trust)."""
+        assert self.consumer is not None
+        if self.probe is None:
+            self.probe = self.consumer_factory(
+                bootstrap_servers=self.settings.bootstrap_servers,
+                client_id="tracejudge-lag-probe",
+                group_id=None,
+                enable_auto_commit=False,
+                fetch_max_bytes=4096,
+                max_partition_fetch_bytes=4096,
+                **{k: v for k, v in self.settings.consumer_config().items() if k not in ("group_id",)},
+            )
+        tps = [TopicPartition(self.topics.judge_queue, p) for p in sorted(partitions)]
+        self.probe.assign(tps)
+        for tp in tps:
+            try:
+                position = self.consumer.position(tp, timeout_ms=0)
+            except Exception:
+                position = None
+            self.probe.seek(tp, position or 0)
+        self.probe.poll(timeout_ms=200, max_records=1)
+        found = {}
+        for tp in tps:
+            end = self.probe.highwater(tp)
+            if end is not None:
+                found[tp.partition] = end
+        return found
+
+    def close(self, grace_s: float) -> bool:
+        """Judgements in flight get the grace period; what is durable by then is committed.
+
+        The consumer keeps polling (every partition paused) while they finish, so a rebalance started meanwhile
+        completes instead of waiting for this member (a member that stops polling stalls its whole group)."""
+        deadline = time.monotonic() + max(0.5, grace_s)
+        self.stopping = True
+        consumer = self.consumer
+        if consumer is not None:
+            consumer.pause(*consumer.assignment())
+        last_commit = time.monotonic()
+        while (self.pool.pending or self.delivery.awaiting) and time.monotonic() < deadline:
+            if consumer is not None:
+                consumer.poll(timeout_ms=50)
+            self.delivery.drain(self._finished)
+            if time.monotonic() - last_commit >= self.settings.commit_interval:
+                self.commit()
+                last_commit = time.monotonic()
+        finished = self.pool.stop(max(0.1, deadline - time.monotonic()))
+        self.delivery.drain(self._finished)
+        try:
+            self.commit()
+        except Exception as exc:
+            logger.warning("final judge-queue commit failed: %r", exc)
+        for client in (self.consumer, self.probe):
+            if client is not None:
+                try:
+                    client.close(autocommit=False)
+                except Exception as exc:
+                    logger.warning("closing a consumer: %r", exc)
+        if self.producer is not None:
+            try:
+                self.producer.close(timeout=max(0.5, deadline - time.monotonic()))
+            except Exception as exc:
+                logger.warning("closing the producer: %r", exc)
+        return finished

@@ -1,0 +1,95 @@
+"""The internal topics' record formats: JSON values, a `tracejudge.kind` header saying what a record is.
+
+JSON with ASCII escapes carries any text the spans held (lone surrogates included) and stays readable with any
+Kafka tool; these topics are ours, so their format is versioned by the header, not by a schema registry.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from typing import Any
+
+from ..adapters import ConversationEvent, Feedback, Turn
+from ..conversations import JudgeJob
+
+KIND = "tracejudge.kind"
+EVENTS, VERDICT, STATE, POSITIONS, JOB, FEEDBACK = "events", "verdict", "state", "positions", "job", "feedback"
+POSITIONS_KEY = b"\x00tracejudge.positions"  # never a conversation id's key: ids are text, this starts with NUL
+
+Headers = list[tuple[str, bytes]]
+
+
+def kind_of(headers: Any) -> str | None:
+    for key, value in headers or ():
+        if key == KIND:
+            return bytes(value).decode("ascii", "replace")
+    return None
+
+
+def header(kind: str) -> Headers:
+    return [(KIND, kind.encode("ascii"))]
+
+
+def dumps(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":")).encode("ascii")
+
+
+def loads(value: bytes) -> Any:
+    return json.loads(value)
+
+
+def event_to_json(event: ConversationEvent) -> dict[str, Any]:
+    return {
+        "agent": event.agent,
+        "agent_named": event.agent_named,
+        "ended": event.ended,
+        "turn": None if event.turn is None else asdict(event.turn),
+        "feedback": None if event.feedback is None else asdict(event.feedback),
+    }
+
+
+def event_from_json(conversation_id: str, data: dict[str, Any]) -> ConversationEvent:
+    turn, feedback = data.get("turn"), data.get("feedback")
+    return ConversationEvent(
+        conversation_id=conversation_id,
+        agent=data.get("agent"),
+        turn=None if turn is None else Turn(**turn),
+        ended=bool(data.get("ended")),
+        feedback=None if feedback is None else Feedback(**feedback),
+        agent_named=bool(data.get("agent_named", True)),
+    )
+
+
+def job_to_json(job: JudgeJob, *, sampled: bool, completed_ms: int) -> dict[str, Any]:
+    return {
+        "conversation_id": job.conversation_id,
+        "agent": job.agent,
+        "version": job.version,
+        "content_id": job.content_id,
+        "turns": [asdict(turn) for turn in job.turns],
+        "has_error": job.has_error,
+        "negative_feedback": job.negative_feedback,
+        "truncated": job.truncated,
+        "completed_by": job.completed_by,
+        "sampled": sampled,
+        "completed_ms": completed_ms,
+    }
+
+
+def job_from_json(data: dict[str, Any], *, key: str, partition: int) -> tuple[JudgeJob, bool, int]:
+    """The job, whether it was sampled in, and when (record time, ms) its conversation completed."""
+    job = JudgeJob(
+        key=key,
+        conversation_id=str(data["conversation_id"]),
+        agent=str(data["agent"]),
+        partition=partition,
+        version=int(data["version"]),
+        turns=tuple(Turn(**turn) for turn in data["turns"]),
+        has_error=bool(data["has_error"]),
+        negative_feedback=bool(data["negative_feedback"]),
+        truncated=bool(data["truncated"]),
+        completed_by=str(data["completed_by"]),
+        content_id=str(data["content_id"]),
+    )
+    return job, bool(data["sampled"]), int(data["completed_ms"])
