@@ -363,10 +363,13 @@ class Assembler(AsyncConsumerRebalanceListener):
         except Exception as exc:  # nothing a record contains may stop the consumer
             return f"a span could not be folded in: {exc!r}"[:300]
         if event.feedback is not None:  # the judge worker joins feedback to verdicts: same partition, same owner
+            state = task.table.get(event.conversation_id)
+            known = state.agent if state is not None else None
+            agent = event.agent if event.agent_named else (known or event.agent)
             self._send(
                 self.topics.judge_queue,
                 event.conversation_id,
-                R.dumps({"agent": event.agent, "feedback": R.event_to_json(event)["feedback"]}),
+                R.dumps({"agent": agent, "feedback": R.event_to_json(event)["feedback"]}),
                 R.FEEDBACK,
                 partition=task.partition,
                 timestamp_ms=ts,

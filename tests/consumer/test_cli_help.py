@@ -46,6 +46,11 @@ CONSUME_FLAGS = {
     "--log-format": ("TRACEJUDGE_LOG_FORMAT", "text"),
     "--log-level": ("TRACEJUDGE_LOG_LEVEL", "INFO"),
     "--calibration": ("TRACEJUDGE_CALIBRATION", "none"),
+    "--role": ("TRACEJUDGE_ROLE", "all"),
+    "--group-instance-id": ("TRACEJUDGE_GROUP_INSTANCE_ID", "none"),
+    "--state-retention": ("TRACEJUDGE_STATE_RETENTION", "86400.0"),
+    "--max-state-bytes": ("TRACEJUDGE_MAX_STATE_BYTES", "536870912"),
+    "--max-conversation-chars": ("TRACEJUDGE_MAX_CONVERSATION_CHARS", "400000"),
 }
 
 
