@@ -236,6 +236,14 @@ class ConsumerService:
                 total[key] = total.get(key, 0) + count
         return total
 
+    def conversation(self, conversation_id: str) -> Any:
+        """The conversation's state in this process (a ConversationState), or None."""
+        for task in self.assembler.tasks.values() if self.assembler is not None else ():
+            state = task.table.get(conversation_id)
+            if state is not None:
+                return state
+        return None
+
     def open_conversations(self) -> int:
         if self.assembler is None:
             return 0
