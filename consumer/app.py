@@ -20,6 +20,7 @@ from tracejudge.tracer.redact import redact_pii
 
 from .delivery import JudgementSink
 from .emit import KafkaWriter
+from .emit.acknowledged import AcknowledgingProcessor
 from .emit.otel import EvaluationEmitter
 from .emit.prometheus import ConsumerMetrics
 from .emit.results_topic import ResultsTopic
@@ -50,13 +51,17 @@ def build_judges(
     ]
 
 
-def build_otlp_providers(endpoint: str, protocol: str, service_name: str = "tracejudge-consumer") -> tuple[Any, Any]:
-    """Tracer and logger providers exporting evaluation spans and events over OTLP (HTTP or gRPC)."""
+def build_otlp_providers(
+    endpoint: str,
+    protocol: str,
+    service_name: str = "tracejudge-consumer",
+    on_error: Callable[[], None] | None = None,
+) -> tuple[Any, Any]:
+    """Tracer and logger providers exporting evaluation spans and events over OTLP (HTTP or gRPC); their processors
+    acknowledge what the exporter delivered (see emit/acknowledged.py) and retry what it did not."""
     from opentelemetry.sdk._logs import LoggerProvider
-    from opentelemetry.sdk._logs.export import BatchLogRecordProcessor
     from opentelemetry.sdk.resources import SERVICE_NAME, Resource
     from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
     base = endpoint.rstrip("/")
     if protocol == "grpc":
@@ -73,9 +78,17 @@ def build_otlp_providers(endpoint: str, protocol: str, service_name: str = "trac
         log_exporter = HTTPLogExporter(endpoint=f"{base}/v1/logs")
     resource = Resource.create({SERVICE_NAME: service_name})
     tracer_provider = TracerProvider(resource=resource)
-    tracer_provider.add_span_processor(BatchSpanProcessor(span_exporter, schedule_delay_millis=500))
+    tracer_provider.add_span_processor(
+        AcknowledgingProcessor(
+            span_exporter.export, shutdown_exporter=span_exporter.shutdown, name="otlp-spans", on_error=on_error
+        )
+    )
     logger_provider = LoggerProvider(resource=resource)
-    logger_provider.add_log_record_processor(BatchLogRecordProcessor(log_exporter, schedule_delay_millis=500))
+    logger_provider.add_log_record_processor(
+        AcknowledgingProcessor(
+            log_exporter.export, shutdown_exporter=log_exporter.shutdown, name="otlp-logs", on_error=on_error
+        )
+    )
     return tracer_provider, logger_provider
 
 
@@ -116,12 +129,17 @@ def build_outputs(
 ) -> Outputs:
     """`on_output_error(output)` is called for every failed write (e.g. to count it; the write is retried)."""
     sinks: list[JudgementSink] = []
+    acknowledged = False
     if tracer_provider is None and settings.otlp_endpoint:
         tracer_provider, logger_provider = build_otlp_providers(
-            settings.otlp_endpoint, settings.otlp_protocol, service_name
+            settings.otlp_endpoint,
+            settings.otlp_protocol,
+            service_name,
+            on_error=(lambda: on_output_error("otlp")) if on_output_error else None,
         )
+        acknowledged = True  # our processors: a judgement waits for the exporter's SUCCESS
     if tracer_provider is not None:
-        sinks.append(EvaluationEmitter(tracer_provider, logger_provider))
+        sinks.append(EvaluationEmitter(tracer_provider, logger_provider, acknowledged=acknowledged))
     results_writer = None
     if settings.results_topic:
         results_writer = KafkaWriter(

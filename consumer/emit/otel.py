@@ -6,6 +6,7 @@ backends show the verdict inside the trace it judged.
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
@@ -18,6 +19,7 @@ from tracejudge.tracer.semconv import ERROR_TYPE, GEN_AI_AGENT_NAME, GEN_AI_CONV
 
 from ..pool import Judgement
 from ..results import result_id
+from .acknowledged import Ticket, ticket_for
 
 EVALUATION_EVENT = "gen_ai.evaluation.result"
 SCOPE = "tracejudge.consumer"
@@ -57,11 +59,28 @@ def evaluation_attributes(judgement: Judgement, result: MetricResult) -> dict[st
 
 
 class EvaluationEmitter:
-    def __init__(self, tracer_provider: TracerProvider, logger_provider: LoggerProvider | None = None) -> None:
+    """`acknowledged`: the providers' processors are AcknowledgingProcessors, so `emit` returns the event set once
+    the exporter delivered the judgement's spans and events (its offset waits for it)."""
+
+    def __init__(
+        self,
+        tracer_provider: TracerProvider,
+        logger_provider: LoggerProvider | None = None,
+        *,
+        acknowledged: bool = False,
+    ) -> None:
         self.tracer = tracer_provider.get_tracer(SCOPE)
         self.logger = logger_provider.get_logger(SCOPE) if logger_provider is not None else None
+        self.acknowledged = acknowledged
 
-    def emit(self, judgement: Judgement) -> None:
+    def emit(self, judgement: Judgement) -> list[threading.Event] | None:
+        per_result = 1 + (self.logger is not None)
+        ticket = Ticket(len(judgement.results) * per_result)
+        with ticket_for(ticket):
+            self._emit(judgement)
+        return [ticket.event] if self.acknowledged else None
+
+    def _emit(self, judgement: Judgement) -> None:
         job = judgement.job
         parent = _parent_context(job.last_turn.trace_id, job.last_turn.span_id)
         end_ns = int(judgement.judged_at * 1e9)
