@@ -10,11 +10,17 @@ logger = logging.getLogger("tracejudge.tracer")
 
 
 _internal_errors = RateLimitedLog(logger, interval_s=60.0)
+_misuse = RateLimitedLog(logger, interval_s=60.0)
 
 
 def report_internal_error() -> None:
     """Log the exception being handled (rate-limited); tracing carries on and the application never sees it."""
     _internal_errors.warning("internal tracejudge error (tracing continues)", exc_info=True)
+
+
+def report_misuse(message: str) -> None:
+    """A call tracing cannot honour (say what was done instead and how to fix it): heard, rate-limited, never raised."""
+    _misuse.warning("tracejudge: %s", message)
 
 
 class handle_internal_errors:
