@@ -364,6 +364,18 @@ def _id_like(name: str) -> bool:
     return lowered == "id" or lowered.endswith(("_id", "_ids")) or name.endswith(("Id", "ID"))
 
 
+def _may_be_text(parameter: inspect.Parameter) -> bool:
+    """Not a message when its annotation or default says it is something else (`fail: bool`, `retries=3`)."""
+    default = parameter.default
+    if default is not parameter.empty and default is not None and not isinstance(default, str):
+        return False
+    annotation = parameter.annotation
+    if annotation is parameter.empty or annotation is str or annotation is Any:
+        return True
+    text = annotation if isinstance(annotation, str) else repr(annotation)
+    return "str" in text or "Any" in text
+
+
 def _or(names: tuple[str, ...]) -> str:
     return f"{', '.join(names[:-1])} or {names[-1]}"
 
@@ -461,6 +473,7 @@ def _analyse(
         and p.name not in session_names
         and not _id_like(p.name)
         and not (i == 0 and p.name in ("self", "cls"))
+        and _may_be_text(p)
     )
     if len(candidates) == 1 and var_positional is None:
         return session, candidates[0], (), None, False  # the one parameter that can be the message
