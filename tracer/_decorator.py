@@ -404,12 +404,12 @@ def _analyse(
     label = f"@traced_agent({agent!r}) on {_label(func)}"
     try:
         signature = inspect.signature(func)
-    except (TypeError, ValueError):
+    except Exception:  # a builtin, or a callable whose __signature__ is broken: still traced
         signature = None
         say(
-            f"{label}: its signature cannot be read, so the conversation id is taken from the enclosing "
-            "`with conversation(id):` block (else each call is its own one-turn conversation) and the user's message "
-            "is the first str argument"
+            f"{label}: its signature cannot be read, so the conversation id is a keyword argument named "
+            f"{_or(SESSION_PARAMETERS)}, else the enclosing `with conversation(id):` block (else each call is its own "
+            "one-turn conversation), and the user's message is the first str argument. Wrap it in a function"
         )
     parameters = list(signature.parameters.values()) if signature is not None else []
     by_name = {p.name: _param(p, i) for i, p in enumerate(parameters)}
@@ -479,10 +479,10 @@ def _analyse(
         return session, candidates[0], (), None, False  # the one parameter that can be the message
     if signature is not None:
         if candidates or var_positional is not None or var_keyword:
-            where = ", ".join([p.name for p in candidates] + ["*args"] * (var_positional is not None))
-            what = f"the first str argument among {where or '**kwargs'} (never an id parameter)"
+            extra = ["*args"] * (var_positional is not None) + ["**kwargs"] * var_keyword
+            what = f"the first str argument among {', '.join([p.name for p in candidates] + extra)} (never an id)"
         else:
-            what = "empty (every parameter is an id)"
+            what = "empty (no parameter can be it: ids and parameters typed other than str never are)"
         say(
             f"{label}: none of its parameters is named {_or(MESSAGE_PARAMETERS)}, so the user's message recorded "
             f"is {what}. Pass input_arg='<the parameter with the user's message>'"
