@@ -39,7 +39,7 @@ def valid_turn_index(value: Any) -> int | None:
         return None
     if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
         return value
-    report_misuse(f"turn_index={value!r} is not an int >= 0: the turn is recorded without an index")
+    report_misuse("turn_index", f"turn_index={value!r} is not an int >= 0: the turn is recorded without an index")
     return None
 
 
@@ -78,8 +78,9 @@ def end_conversation(
         if session_id is None:
             if active is None:
                 report_misuse(
+                    "end_conversation",
                     "end_conversation() without an id, outside any `with conversation(id):` block: nothing was "
-                    "ended; pass the conversation id"
+                    "ended; pass the conversation id",
                 )
                 return
             session_id = active.session_id

@@ -10,7 +10,7 @@ logger = logging.getLogger("tracejudge.tracer")
 
 
 _internal_errors = RateLimitedLog(logger, interval_s=60.0)
-_misuse = RateLimitedLog(logger, interval_s=60.0)
+_misuse: dict[str, RateLimitedLog] = {}  # one per kind of misuse (a few, fixed in the code): one cannot hide another
 
 
 def report_internal_error() -> None:
@@ -18,9 +18,10 @@ def report_internal_error() -> None:
     _internal_errors.warning("internal tracejudge error (tracing continues)", exc_info=True)
 
 
-def report_misuse(message: str) -> None:
+def report_misuse(kind: str, message: str) -> None:
     """A call tracing cannot honour (say what was done instead and how to fix it): heard, rate-limited, never raised."""
-    _misuse.warning("tracejudge: %s", message)
+    log = _misuse.get(kind) or _misuse.setdefault(kind, RateLimitedLog(logger, interval_s=60.0))
+    log.warning("tracejudge: %s", message)
 
 
 class handle_internal_errors:
