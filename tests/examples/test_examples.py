@@ -51,11 +51,111 @@ def test_async_streaming_agent(broker: EmbeddedBroker, topic: str) -> None:
     assert any("streamed answer" in o for o in outputs)
 
 
-def test_collector_config_shape() -> None:
-    config = yaml.safe_load((ROOT / "examples" / "otel-collector-to-kafka.yaml").read_text())
-    exporter = config["exporters"]["kafka"]
-    assert exporter["traces"]["encoding"] == "otlp_proto" and exporter["traces"]["topic"] == "otlp_spans"
-    assert config["service"]["pipelines"]["traces"]["exporters"] == ["kafka"]
+# ---- The Collector configs: only the kafka exporter keys of the Collector version they pin -----------------------
+
+COLLECTOR_IMAGE = "otel/opentelemetry-collector-contrib:0.161.0"
+# The kafka exporter's configuration keys, recorded from opentelemetry-collector-contrib's own config schema (the
+# search index's copies: `fetch` refused the 1.37 GB repository, so no tag could be checked out):
+# exporter/kafkaexporter/config.schema.yaml (commit 100ff6f973b1), its `properties` plus the two it inlines,
+# exporterhelper.timeout_config (`timeout`) and pkg/kafka/configkafka/config.schema.yaml `client_config` (commit
+# 13ab5a466aab, which cites deprecations of v0.153.0/v0.154.0). The same keys are the mapstructure tags of
+# exporter/kafkaexporter/config.go's Config. That source post-dates the removal of the top-level `topic` and
+# `encoding` (deprecated in v0.124.0 for `traces::topic`/`traces::encoding`), as does 0.161.0. Change the pin, and
+# record the keys again from that version's source.
+KAFKA_EXPORTER_KEYS = {
+    # exporter/kafkaexporter Config
+    "include_metadata_keys",
+    "logs",
+    "metrics",
+    "partition_logs_by_resource_attributes",
+    "partition_logs_by_trace_id",
+    "partition_metrics_by_resource_attributes",
+    "partition_traces_by_id",
+    "producer",
+    "profiles",
+    "record_headers",
+    "record_partitioner",
+    "retry_on_failure",
+    "sending_queue",
+    "signal_header",
+    "topic_from_attribute",
+    "traces",
+    # exporterhelper.TimeoutConfig (squashed)
+    "timeout",
+    # configkafka.ClientConfig (squashed)
+    "auth",
+    "brokers",
+    "client_id",
+    "conn_idle_timeout",
+    "metadata",
+    "protocol_version",
+    "rack_id",
+    "resolve_canonical_bootstrap_servers_only",
+    "tls",
+    "use_leader_epoch",
+}
+# SignalConfig: the keys under logs / metrics / traces / profiles.
+KAFKA_EXPORTER_SIGNAL_KEYS = {"encoding", "message_key_from_metadata_key", "topic", "topic_from_metadata_key"}
+SIGNALS = ("logs", "metrics", "traces", "profiles")
+COLLECTOR_CONFIGS = (
+    ROOT / "examples" / "otel-collector-to-kafka.yaml",
+    ROOT / "deploy" / "otel-collector" / "config.yml",
+)
+
+
+def kafka_exporters(path: Path) -> dict[str, dict[str, object]]:
+    """The `kafka` and `kafka/NAME` exporters of a Collector config."""
+    config = yaml.safe_load(path.read_text())
+    exporters = config["exporters"]
+    found = {name: body or {} for name, body in exporters.items() if name.split("/")[0] == "kafka"}
+    assert found, f"{path}: no kafka exporter"
+    used = {e for pipeline in config["service"]["pipelines"].values() for e in pipeline["exporters"]}
+    assert set(found) <= used, f"{path}: a kafka exporter outside every pipeline"
+    return found
+
+
+def test_collector_configs_pin_the_version_their_keys_come_from() -> None:
+    compose = yaml.safe_load((ROOT / "deploy" / "docker-compose.yml").read_text())
+    assert compose["services"]["otel-collector"]["image"] == COLLECTOR_IMAGE
+    for path in COLLECTOR_CONFIGS:
+        assert COLLECTOR_IMAGE in path.read_text(), f"{path} does not say which Collector it is written for"
+
+
+def kafka_key_problems(path: Path) -> list[str]:
+    """Every kafka exporter key of `path` that the pinned Collector does not know."""
+    problems = []
+    for name, exporter in kafka_exporters(path).items():
+        problems += [f"{name}.{key}" for key in sorted(set(exporter) - KAFKA_EXPORTER_KEYS)]
+        for signal in SIGNALS:
+            nested = exporter.get(signal) or {}
+            assert isinstance(nested, dict), f"{path}: {name}.{signal} is not a mapping"
+            problems += [f"{name}.{signal}.{key}" for key in sorted(set(nested) - KAFKA_EXPORTER_SIGNAL_KEYS)]
+    return problems
+
+
+def test_collector_configs_use_only_the_pinned_kafka_exporter_keys() -> None:
+    for path in COLLECTOR_CONFIGS:
+        assert kafka_key_problems(path) == [], f"{path}: keys {COLLECTOR_IMAGE} rejects"
+        for exporter in kafka_exporters(path).values():
+            # What tracejudge reads: otlp_proto records on the consumer's topic, keyed so a trace stays together.
+            traces = exporter["traces"]
+            assert isinstance(traces, dict)
+            assert traces["encoding"] == "otlp_proto" and traces["topic"] == "otlp_spans", path
+            assert exporter["partition_traces_by_id"] is True and exporter["brokers"] == ["kafka:9092"]
+
+
+def test_the_key_check_rejects_the_old_layout(tmp_path: Path) -> None:
+    """The check can fail: the 0.116-era layout (top-level topic/encoding) and a misspelt signal key are refused."""
+    old = {
+        "exporters": {
+            "kafka": {"brokers": ["kafka:9092"], "topic": "otlp_spans", "encoding": "otlp_proto"},
+            "kafka/typo": {"traces": {"topics": "otlp_spans"}},
+        },
+        "service": {"pipelines": {"traces": {"receivers": ["otlp"], "exporters": ["kafka", "kafka/typo"]}}},
+    }
+    path = tmp_path / "old.yaml"
+    path.write_text(yaml.safe_dump(old))
+    assert kafka_key_problems(path) == ["kafka.encoding", "kafka.topic", "kafka/typo.traces.topics"]
 
 
 # ---- examples/eval_lib_script.py: runs against any OpenAI-compatible server, or says what it needs ---------------
