@@ -403,7 +403,7 @@ TRY_NEXT = (
         (
             "tracejudge broker     # terminal 1: a local Kafka (the embedded Tansu) on 127.0.0.1:9092",
             "OPENAI_BASE_URL=http://127.0.0.1:8000/v1 OPENAI_API_KEY=placeholder \\",
-            "  tracejudge consume --bootstrap-servers 127.0.0.1:9092 --judge-model MODEL  # terminal 2, wait: ready",
+            "  tracejudge consume --bootstrap-servers 127.0.0.1:9092 --judge-model MODEL  # terminal 2, wait for ready",
             "TRACEJUDGE_KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:9092 python examples/support_agent.py   # terminal 3",
             "curl -s http://127.0.0.1:9464/metrics | grep tracejudge_verdicts_total",
         ),
