@@ -216,6 +216,12 @@ def run_backfill(namespace: argparse.Namespace) -> int:
         return EXIT_USAGE
     settings = settings_from_args(namespace)
     configure_logging(settings.log_level, settings.log_format)
+    if not getattr(namespace, "dry_run", False):  # a dry run judges nothing: no judge check
+        from .judge_check import refuse_judge
+
+        refused = refuse_judge(settings)
+        if refused is not None:
+            return refused
     from kafka import KafkaConsumer
     from prometheus_client import CollectorRegistry
     from rich.console import Console

@@ -37,6 +37,11 @@ def cmd_consume(namespace: argparse.Namespace) -> int:
         return EXIT_USAGE
     configure_logging(settings.log_level, settings.log_format)
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    from .judge_check import refuse_judge
+
+    refused = refuse_judge(settings)  # before any I/O: the judge can answer, and LiteLLM's import is paid now
+    if refused is not None:
+        return refused
     from .app import build_app
 
     app = build_app(settings)
@@ -82,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo = commands.add_parser("demo", help="the whole pipeline on an embedded broker with a scripted agent")
     add_consumer_flags(
         demo,
-        skip=("topic", "group_id", "start_from", "session_idle_timeout", "calibration"),
+        skip=("topic", "group_id", "start_from", "session_idle_timeout", "calibration", "judge_check"),
         defaults={
             "bootstrap_servers": "an embedded broker",
             "judge_model": "a scripted judge",
@@ -128,6 +133,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # The command's own process, so LiteLLM's switches may be defaulted here (never in the library): the bundled
+    # cost map and Anthropic beta headers instead of a blocking fetch at import or on the first Claude call.
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    os.environ.setdefault("LITELLM_LOCAL_ANTHROPIC_BETA_HEADERS", "True")
     parser = build_parser()
     namespace = parser.parse_args(argv)
     return int(namespace.handler(namespace))

@@ -21,7 +21,7 @@ from tracejudge.metrics import HolisticJudgeMetric
 
 from .delivery import JudgementSink
 from .emit import KafkaWriter
-from .emit.prometheus import ConsumerMetrics
+from .emit.prometheus import OUTCOMES, ConsumerMetrics, family_total
 from .feedback import FeedbackJoiner
 from .partitions import Partitions
 from .pipeline import Pipeline
@@ -33,6 +33,15 @@ LAG_INTERVAL_S = 0.2  # one poll's timeout: lag is never staler than a poll
 IDLE_CHECK_S = 0.5
 
 __all__ = ["ConsumerService", "JudgementSink"]  # JudgementSink re-exported from delivery.py, its new home
+
+
+def outcome_summary(prometheus: ConsumerMetrics) -> str:
+    """This run's conversations by outcome, read from tracejudge_sessions_total: the log says what /metrics says."""
+    count = {o: int(family_total(prometheus.registry, "tracejudge_sessions", outcome=o)) for o in OUTCOMES}
+    return (
+        f"{count['judged']} conversations judged, {count['failed']} failed, {count['sampled_out']} sampled out, "
+        f"{count['skipped_budget']} skipped for budget in this run"
+    )
 
 
 class ConsumerService:
@@ -147,4 +156,4 @@ class ConsumerService:
                 logger.warning("closing the consumer: %r", exc)
         if self._dead_letter is not None:
             self._dead_letter.close(max(0.5, grace_end - time.monotonic()))
-        logger.info("stopped: %d conversations judged in this run", self.pipeline.delivery.judgements)
+        logger.info("stopped: %s", outcome_summary(self.prometheus))

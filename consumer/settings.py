@@ -111,6 +111,11 @@ class Settings(BaseSettings):
         "TRACEJUDGE_SHUTDOWN_GRACE", 30.0, "seconds in-flight judgements get to finish on SIGTERM"
     )
     judge_timeout: float = _env("TRACEJUDGE_JUDGE_TIMEOUT", 60.0, "seconds per judge call attempt")
+    judge_check: bool = _env(
+        "TRACEJUDGE_JUDGE_CHECK",
+        True,
+        "one cheap judge call at startup; a judge that cannot answer exits 3 before any record is read",
+    )
     judge_retries: int = _env("TRACEJUDGE_JUDGE_RETRIES", 3, "retries of a failed judge call")
     threshold: float = _env("TRACEJUDGE_THRESHOLD", 0.7, "a score at or above this passes")
     max_open_conversations: int = _env(
