@@ -319,9 +319,9 @@ def _dry_run(namespace: argparse.Namespace, settings: Any, consumer: Any, start:
         f"estimated judge cost: {cost}"
     )
     console.print(
-        f"(an estimate: LiteLLM's price for the model × {report.estimated_input_tokens} prompt tokens counted in the "
-        f"prompts the judges would send, plus ~{ESTIMATED_OUTPUT_TOKENS} output tokens a call; retries and prompt "
-        "caching are not counted. No judge was called.)"
+        f"(an estimate: LiteLLM's price for {settings.judge_model} × the {report.estimated_input_tokens} tokens of the "
+        f"prompts the judges would be sent, counted by LiteLLM, plus ~{ESTIMATED_OUTPUT_TOKENS} output tokens a call; "
+        "retries and prompt caching are not counted. No judge was called.)"
     )
     return _finish(report, settings, [])
 

@@ -40,6 +40,8 @@ def test_an_unreachable_otlp_endpoint_is_counted_and_heard(
         assert scraped(url, "tracejudge_output_errors_total", output="otlp") == 0.0
         play(provider, {"otlp-down-1": [("q", "a")]})
         wait_for(lambda: consumer.sessions("judged") == 1, what="the conversation judged")
+        # What TracejudgeJudgeStalled compares with the outcomes: one conversation sent to the judges, one back.
+        assert scraped(url, "tracejudge_conversations_submitted_total") == 1.0
         wait_for(
             lambda: (scraped(url, "tracejudge_output_errors_total", output="otlp") or 0) >= 1,
             timeout=90,
