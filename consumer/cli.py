@@ -1,6 +1,7 @@
 """`tracejudge` command line: consume, demo, backfill, calibrate.
 
-Invalid configuration: one clear line and exit code 2, before any I/O.
+Invalid configuration: one clear line and exit code 2, before any I/O. What stops a start that the user can fix (a
+metrics port in use: 2; Kafka not answering within `bootstrap_timeout_ms`: 69) is one line too, never a traceback.
 """
 
 from __future__ import annotations
@@ -43,17 +44,21 @@ def cmd_consume(namespace: argparse.Namespace) -> int:
     if refused is not None:
         return refused
     from .app import build_app
+    from .service import StartupError
 
-    app = build_app(settings)
+    try:
+        app = build_app(settings)
 
-    def stop(signum: int, _frame: Any) -> None:
-        logging.getLogger("tracejudge.consumer").info("signal %d: draining and stopping", signum)
-        app.service.request_stop()
+        def stop(signum: int, _frame: Any) -> None:
+            logging.getLogger("tracejudge.consumer").info("signal %d: draining and stopping", signum)
+            app.service.request_stop()
 
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    logging.getLogger("tracejudge.consumer").info("metrics at %s", app.metrics_url)
-    app.run()
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, stop)
+        app.run()
+    except StartupError as exc:
+        print(f"tracejudge: {exc}", file=sys.stderr)
+        return exc.exit_code
     return 0
 
 
@@ -76,6 +81,23 @@ def cmd_backfill(namespace: argparse.Namespace) -> int:
     from .backfill import run_backfill
 
     return run_backfill(namespace)
+
+
+# Consumer flags that mean nothing to backfill: no group or commits, no /metrics served (its registry is discarded),
+# no backpressure (the range is read once), its own --sample-rate, and no calibrated rates.
+BACKFILL_SKIPS = (
+    "group_id",
+    "start_from",
+    "sample_rate",
+    "calibration",
+    "metrics_host",
+    "metrics_port",
+    "max_agents",
+    "window_sessions",
+    "window_seconds",
+    "max_open_conversations",
+    "commit_interval",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -121,7 +143,13 @@ def build_parser() -> argparse.ArgumentParser:
     backfill.add_argument(
         "--rejudge", action="store_true", help="judge again what the results topic already has (default off)"
     )
-    add_consumer_flags(backfill, skip=("group_id", "start_from", "sample_rate", "calibration"))
+    backfill.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="read the range, call no judge: print how many conversations would be judged and the estimated "
+        "judge cost (default off)",
+    )
+    add_consumer_flags(backfill, skip=BACKFILL_SKIPS)
     backfill.set_defaults(handler=cmd_backfill)
     from .calibrate import CALIBRATE_OPTIONS, add_arguments
 

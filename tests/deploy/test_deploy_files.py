@@ -114,6 +114,7 @@ def test_every_alert_has_unit_tests_that_fire_and_do_not_fire() -> None:
         "TracejudgeConsumerLagging",
         "TracejudgeConsumerDown",
         "TracejudgeBudgetExhausted",
+        "TracejudgeJudgeStalled",
     } <= alerts
     tests = yaml.safe_load((DEPLOY / "prometheus" / "alerts_test.yml").read_text())["tests"]
     cases = [case for t in tests for case in t["alert_rule_test"]]
