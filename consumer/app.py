@@ -20,7 +20,7 @@ from tracejudge.tracer.redact import redact_pii
 
 from .delivery import JudgementSink
 from .emit import KafkaWriter
-from .emit.acknowledged import AcknowledgingProcessor
+from .emit.acknowledged import AcknowledgingExporter
 from .emit.otel import OUTPUT as OTLP_OUTPUT
 from .emit.otel import CountedLogExporter, CountedSpanExporter, EvaluationEmitter
 from .emit.prometheus import ConsumerMetrics
@@ -67,8 +67,10 @@ def build_otlp_providers(
     called for every batch that failed to export (the exporters return FAILURE, they do not raise). Their processors
     acknowledge what the exporter delivered (see emit/acknowledged.py) and retry what it did not."""
     from opentelemetry.sdk._logs import LoggerProvider
+    from opentelemetry.sdk._logs.export import SimpleLogRecordProcessor
     from opentelemetry.sdk.resources import SERVICE_NAME, Resource
     from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
     base = endpoint.rstrip("/")
     if protocol == "grpc":
@@ -88,11 +90,15 @@ def build_otlp_providers(
     resource = Resource.create({SERVICE_NAME: service_name})
     tracer_provider = TracerProvider(resource=resource)
     tracer_provider.add_span_processor(
-        AcknowledgingProcessor(span_exporter.export, shutdown_exporter=span_exporter.shutdown, name="otlp-spans")
+        SimpleSpanProcessor(
+            AcknowledgingExporter(span_exporter.export, shutdown_exporter=span_exporter.shutdown, name="otlp-spans")
+        )
     )
     logger_provider = LoggerProvider(resource=resource)
     logger_provider.add_log_record_processor(
-        AcknowledgingProcessor(log_exporter.export, shutdown_exporter=log_exporter.shutdown, name="otlp-logs")
+        SimpleLogRecordProcessor(
+            AcknowledgingExporter(log_exporter.export, shutdown_exporter=log_exporter.shutdown, name="otlp-logs")
+        )
     )
     return tracer_provider, logger_provider
 

@@ -1,10 +1,11 @@
-"""OTLP output that says when it is delivered: a batch processor whose exporter's SUCCESS acknowledges judgements.
+"""OTLP output that says when it is delivered: an exporter whose inner exporter's SUCCESS acknowledges judgements.
 
 The SDK's BatchSpanProcessor counts a span as done when it is queued, so a judgement's offset could be committed
 while the collector answered 503 and a kill -9 then loses it. Here each judgement's spans and log records carry a
-`Ticket`; a batch the exporter reports FAILURE for is counted, logged and retried with backoff (never dropped),
-and a ticket is set only when everything it covers was exported. As in the SDK: one worker thread, the exporter
-behind its interface, shutdown with a deadline passed on.
+`Ticket`; a batch the exporter reports FAILURE for is logged and retried with backoff (never dropped), and a
+ticket is set only when everything it covers was exported. It sits behind the SDK's Simple*Processor (which hands
+each finished item over synchronously, on the emitting thread, in the SDK version's own types), and batches on one
+worker thread of its own, as the SDK's batch processor does; shutdown passes its deadline on.
 """
 
 from __future__ import annotations
@@ -20,6 +21,15 @@ from typing import Any
 from tracejudge.tracer.rate_limited_log import RateLimitedLog
 
 logger = logging.getLogger("tracejudge.consumer.outputs")
+
+
+class _Success:
+    """What SpanExportResult.SUCCESS and LogExportResult.SUCCESS share: the name (the processors ignore the value)."""
+
+    name = "SUCCESS"
+
+
+_SUCCESS = _Success()
 _current = threading.local()
 
 
@@ -51,8 +61,9 @@ def ticket_for(ticket: Ticket) -> Any:
         _current.ticket = previous
 
 
-class AcknowledgingProcessor:
-    """A span processor (`on_end`) and log record processor (`on_emit`) in one: batches to `export` on one thread."""
+class AcknowledgingExporter:
+    """A span or log exporter for a Simple*Processor: `export` queues (with the emitting thread's ticket) and
+    returns at once; the worker batches to the real `export`, retrying failures."""
 
     def __init__(
         self,
@@ -82,26 +93,16 @@ class AcknowledgingProcessor:
         self._thread = threading.Thread(target=self._run, name=f"tracejudge-{name}-export", daemon=True)
         self._thread.start()
 
-    # -- the SDK's processor interfaces ------------------------------------------------------------------------------
+    # -- the exporter interface the SDK's Simple*Processor calls ------------------------------------------------------
 
-    def on_start(self, span: Any, parent_context: Any = None) -> None:
-        pass
-
-    def on_end(self, span: Any) -> None:
-        self._add(span)
-
-    def on_emit(self, log_record: Any) -> None:  # LogRecordProcessor (the SDK's name for it since 1.26)
-        self._add(log_record)
-
-    def emit(self, log_record: Any) -> None:  # LogRecordProcessor, before 1.26
-        self._add(log_record)
-
-    def _add(self, item: Any) -> None:
+    def export(self, items: Sequence[Any]) -> Any:
         ticket = getattr(_current, "ticket", None)
         with self._cond:
-            self._queue.append((item, ticket))
+            for item in items:
+                self._queue.append((item, ticket))
             if len(self._queue) >= self.max_batch:
                 self._cond.notify()
+        return _SUCCESS
 
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
         deadline = time.monotonic() + timeout_millis / 1000
