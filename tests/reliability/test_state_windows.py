@@ -82,7 +82,8 @@ def calls_by_conversation(server: JudgeServer) -> dict[str, list[list[int]]]:
     for request in list(server.requests):
         turns: dict[str, list[int]] = defaultdict(list)
         for cid, number in _QUESTION.findall(conversation_text(request)):
-            turns[cid].append(int(number))
+            if int(number) not in turns[cid]:  # the answer repeats the question: one turn each
+                turns[cid].append(int(number))
         for cid, numbers in turns.items():
             seen[cid].append(numbers)
     return seen
