@@ -59,6 +59,7 @@ CONSUMER_FLAGS: list[tuple[str, str, dict[str, Any]]] = [
     ("--state-retention", "state_retention", {"metavar": "SECONDS"}),
     ("--max-state-bytes", "max_state_bytes", {}),
     ("--max-conversation-chars", "max_conversation_chars", {}),
+    ("--end-grace", "end_grace", {"metavar": "SECONDS"}),
 ]
 
 

@@ -155,6 +155,11 @@ class Settings(BaseSettings):
         512 * 1024 * 1024,
         "conversation state held in memory at most; past it the oldest completed ones are forgotten",
     )
+    end_grace: float = _env(
+        "TRACEJUDGE_END_GRACE",
+        2.0,
+        "seconds an end marker waits for turns routed from other partitions (spans not keyed by conversation id)",
+    )
     max_conversation_chars: int = _env(
         "TRACEJUDGE_MAX_CONVERSATION_CHARS",
         400_000,
@@ -243,6 +248,8 @@ class Settings(BaseSettings):
         for name in ("session_idle_timeout", "window_seconds", "judge_timeout", "state_retention"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
+        if self.end_grace < 0:
+            raise ValueError("end_grace must not be negative")
         if self.max_requests_per_minute is not None and self.max_requests_per_minute <= 0:
             raise ValueError("max_requests_per_minute must be positive")
         if self.max_cost_per_hour is not None and self.max_cost_per_hour < 0:

@@ -59,6 +59,8 @@ class ConversationState:
     dispatched: dict[str, str | None] = field(default_factory=dict)  # content id → outcome (None: not known yet)
     rejudge_on_outcome: bool = False  # negative feedback came while the last snapshot's outcome was unknown
     completed_ms: int | None = None
+    reordered: bool = False  # some event came another way than its partition's own order (e.g. keyed by trace id)
+    end_due_ms: int | None = None  # an end marker that waits for turns still being routed
     size: int = _STATE_OVERHEAD
 
     def seen(self, span_id: str) -> bool:
@@ -120,12 +122,15 @@ class ConversationTable:
         max_turns: int = 1_000,
         max_chars: int = 400_000,
         retention_s: float = 86_400.0,
+        end_grace_s: float = 2.0,
         memory: MemoryBound | None = None,
     ) -> None:
         self.idle_ms = int(idle_timeout_s * 1000)
         self.max_turns = max_turns
         self.max_chars = max_chars
         self.retention_ms = int(retention_s * 1000)
+        self.end_grace_ms = int(end_grace_s * 1000)
+        self._ending: dict[str, int] = {}  # conversation id → when its end marker completes it
         self.memory = memory or MemoryBound(1 << 62)
         self.states: dict[str, ConversationState] = {}
         self._open: OrderedDict[str, None] = OrderedDict()  # by last activity (record time, roughly ordered)
@@ -149,8 +154,10 @@ class ConversationTable:
 
     # -- events ----------------------------------------------------------------------------------------------------
 
-    def apply(self, event: ConversationEvent, ts_ms: int) -> None:
-        """Fold one event in at record time `ts_ms`."""
+    def apply(self, event: ConversationEvent, ts_ms: int, *, ordered: bool = True) -> None:
+        """Fold one event in at record time `ts_ms`. `ordered`: it came in its conversation's own order (a record
+        keyed by conversation id, read where it was written); when any event of a conversation did not, its end
+        marker waits `end_grace_s` for turns still being routed from other partitions."""
         cid = event.conversation_id
         state = self.states.get(cid)
         if state is not None and state.status == OPEN and state.turns and ts_ms - state.last_ms >= self.idle_ms:
@@ -182,10 +189,16 @@ class ConversationTable:
             self._add_feedback(state, event.feedback)
         if event.turn is not None and not state.seen(event.turn.span_id):
             self._add_turn(state, event.turn)
+        if not ordered:
+            state.reordered = True
         if event.ended:
             state.ended = True
         self._touch(state)
-        if state.turns and state.ended:
+        if state.turns and state.ended and state.reordered and self.end_grace_ms > 0:
+            if state.end_due_ms is None:
+                state.end_due_ms = ts_ms + self.end_grace_ms
+                self._ending[cid] = state.end_due_ms
+        elif state.turns and state.ended:
             self._complete(state, "end_marker", ts_ms)
         elif len(state.turns) >= self.max_turns and len(exchanges(state.turns.values())) >= self.max_turns:
             state.truncated = True
@@ -211,13 +224,32 @@ class ConversationTable:
         elif outcome in JUDGED_OUTCOMES and cid_content == state.last_content_id:
             state.rejudge_on_outcome = False
 
-    def advance(self, now_ms: int) -> None:
-        """The partition's clock moved to `now_ms`: complete idle conversations, forget those past retention."""
+    def advance(self, now_ms: int, upstream_ms: int | None = None) -> None:
+        """The partition's clock moved to `now_ms`: complete idle conversations, forget those past retention.
+
+        `upstream_ms` is how far every other partition has routed its records here (the least of their watermarks):
+        a conversation with events routed from elsewhere completes by that clock, so a turn still on its way from a
+        lagging or reassigned partition is never cut off."""
+        routed_ms = now_ms if upstream_ms is None else min(now_ms, upstream_ms)
+        for cid, due in list(self._ending.items()):
+            ending = self.states.get(cid)
+            clock = routed_ms if ending is not None and ending.reordered else now_ms
+            if due <= clock:
+                del self._ending[cid]
+                if ending is not None and ending.status == OPEN and ending.end_due_ms is not None:
+                    self._complete(ending, "end_marker", due)
+        waiting: list[str] = []  # idle by this partition's clock, not yet by the routed one
         while self._open:
             cid = next(iter(self._open))
             state = self.states[cid]
             if now_ms - state.last_ms < self.idle_ms:
                 break
+            if state.reordered and routed_ms - state.last_ms < self.idle_ms:
+                waiting.append(cid)
+                self._open.move_to_end(cid)
+                if len(waiting) >= len(self._open):
+                    break
+                continue
             if state.turns:
                 self._complete(state, "idle_timeout", state.last_ms + self.idle_ms)
             else:  # feedback alone, never a turn
@@ -266,6 +298,8 @@ class ConversationTable:
         self.states[conversation_id] = state
         self.memory.used += state.size
         (self._open if state.status == OPEN else self._completed)[conversation_id] = None
+        if state.status == OPEN and state.end_due_ms is not None:
+            self._ending[conversation_id] = state.end_due_ms
 
     def close(self) -> None:
         """The partition left this process: its memory goes (its state stays in the changelog)."""
@@ -275,6 +309,7 @@ class ConversationTable:
         self._open.clear()
         self._completed.clear()
         self._outbox.clear()
+        self._ending.clear()
 
     # -- internals -------------------------------------------------------------------------------------------------
 
@@ -325,6 +360,7 @@ class ConversationTable:
     def _reopen(self, state: ConversationState) -> None:
         state.status = OPEN
         state.ended = False
+        state.end_due_ms = None
         state.completed_by = None
         state.completed_ms = None
         state.rejudge_on_outcome = False
@@ -332,6 +368,8 @@ class ConversationTable:
         self._open[state.id] = None
 
     def _complete(self, state: ConversationState, completed_by: str, at_ms: int) -> None:
+        state.end_due_ms = None
+        self._ending.pop(state.id, None)
         state.status = COMPLETED
         state.completed_by = completed_by
         state.completed_ms = at_ms
@@ -375,6 +413,7 @@ class ConversationTable:
         self._outbox.append(Dispatch(job, at_ms))
 
     def _forget(self, state: ConversationState, reason: str) -> None:
+        self._ending.pop(state.id, None)
         del self.states[state.id]
         self._open.pop(state.id, None)
         self._completed.pop(state.id, None)

@@ -47,6 +47,7 @@ from .topics import InternalTopics
 
 logger = logging.getLogger("tracejudge.consumer.streams")
 FUTURE_SLACK_MS = 5 * 60 * 1000  # a record stamped further ahead than this (a producer's bad clock) is not believed
+WATERMARK_INTERVAL_S = 0.5
 
 
 def wall_ms() -> int:
@@ -70,6 +71,7 @@ class Task:
     unflushed: dict[str, ConversationState | None] = field(default_factory=dict)
     positions_dirty: bool = False
     reported: dict[str, int] = field(default_factory=dict)  # table counts already exported
+    sources: dict[int, int] = field(default_factory=dict)  # input partition → its routed watermark (ms)
 
 
 class Assembler(AsyncConsumerRebalanceListener):
@@ -105,6 +107,7 @@ class Assembler(AsyncConsumerRebalanceListener):
         self._malformed_log = RateLimitedLog(logger, interval_s=10.0)
         self._send_log = RateLimitedLog(logger, interval_s=10.0)
         self._lag_reported: set[int] = set()
+        self._last_watermarks = 0.0
 
     # -- lifecycle -------------------------------------------------------------------------------------------------
 
@@ -186,6 +189,7 @@ class Assembler(AsyncConsumerRebalanceListener):
         self._advance()
         self._bound_open()
         self._dispatch()
+        self._broadcast_watermarks()
 
     def close(self, grace_s: float) -> None:
         """Commit what is done, then leave the group (static members stay: their partitions wait for them)."""
@@ -263,6 +267,7 @@ class Assembler(AsyncConsumerRebalanceListener):
             max_turns=settings.max_turns_per_conversation,
             max_chars=settings.max_conversation_chars,
             retention_s=settings.state_retention,
+            end_grace_s=settings.end_grace,
             memory=self.memory,
         )
 
@@ -291,6 +296,8 @@ class Assembler(AsyncConsumerRebalanceListener):
                 positions = R.loads(record.value)
                 task.repartition_position = int(positions["repartition"])
                 task.watermark_ms = max(task.watermark_ms, int(positions.get("watermark", 0)))
+                for source, ms in (positions.get("sources") or {}).items():
+                    task.sources[int(source)] = max(task.sources.get(int(source), 0), int(ms))
             elif kind == R.STATE and record.key is not None:
                 cid = record.key.decode("utf-8", "surrogatepass")
                 state = None if record.value is None else ConversationState.from_json(R.loads(record.value))
@@ -334,9 +341,12 @@ class Assembler(AsyncConsumerRebalanceListener):
         task.watermark_ms = max(task.watermark_ms, ts)
         remote: dict[str, list[ConversationEvent]] = {}
         local = 0
+        key = record.key
         for event in events:
             if state_partition(event.conversation_id, self.partitions) == task.partition:
-                failure = self._apply(task, event, ts) or failure
+                # In order only if the producer keyed the record by this conversation (our exporter does).
+                ordered = key is not None and key == event.conversation_id.encode("utf-8", "surrogatepass")
+                failure = self._apply(task, event, ts, ordered=ordered) or failure
                 local += 1
             else:
                 remote.setdefault(event.conversation_id, []).append(event)
@@ -357,9 +367,9 @@ class Assembler(AsyncConsumerRebalanceListener):
         else:
             self.prometheus.record_records("ok")
 
-    def _apply(self, task: Task, event: ConversationEvent, ts: int) -> str | None:
+    def _apply(self, task: Task, event: ConversationEvent, ts: int, *, ordered: bool = True) -> str | None:
         try:
-            task.table.apply(event, ts)
+            task.table.apply(event, ts, ordered=ordered)
         except Exception as exc:  # nothing a record contains may stop the consumer
             return f"a span could not be folded in: {exc!r}"[:300]
         if event.feedback is not None:  # the judge worker joins feedback to verdicts: same partition, same owner
@@ -381,11 +391,15 @@ class Assembler(AsyncConsumerRebalanceListener):
         task.watermark_ms = max(task.watermark_ms, ts)
         kind = R.kind_of(record.headers)
         try:
-            cid = record.key.decode("utf-8", "surrogatepass")
             value = R.loads(record.value)
+            if kind == R.WATERMARK:
+                source = int(value["source"])
+                task.sources[source] = max(task.sources.get(source, 0), int(value["ms"]))
+                return
+            cid = record.key.decode("utf-8", "surrogatepass")
             if kind == R.EVENTS:
                 for item in value["events"]:
-                    self._apply(task, R.event_from_json(cid, item), ts)
+                    self._apply(task, R.event_from_json(cid, item), ts, ordered=False)
             elif kind == R.VERDICT:
                 task.table.verdict(cid, str(value["content_id"]), str(value["outcome"]), ts)
         except Exception as exc:
@@ -408,13 +422,32 @@ class Assembler(AsyncConsumerRebalanceListener):
         side_end = self.side.highwater(TopicPartition(self.topics.repartition, task.partition))
         return side_end is None or task.repartition_position >= side_end
 
+    def _clock(self, task: Task, now: int) -> int:
+        """A task's clock: its highest record timestamp, or wall time once all its sources are caught up."""
+        return max(task.watermark_ms, now) if self._caught_up(task) else task.watermark_ms
+
     def _advance(self) -> None:
         now = wall_ms()
         for task in self.tasks.values():
             if task.restoring:
                 continue
-            clock = max(task.watermark_ms, now) if self._caught_up(task) else task.watermark_ms
-            task.table.advance(clock)
+            others = [task.sources.get(q, 0) for q in range(self.partitions) if q != task.partition]
+            task.table.advance(self._clock(task, now), min(others) if others else None)
+
+    def _broadcast_watermarks(self) -> None:
+        """Every other state partition learns how far each of our input partitions has routed its records (as
+        Flink's watermarks cross a shuffle): conversations with routed events complete by the slowest source."""
+        if self.partitions < 2 or time.monotonic() - self._last_watermarks < WATERMARK_INTERVAL_S:
+            return
+        self._last_watermarks = time.monotonic()
+        now = wall_ms()
+        for task in self.tasks.values():
+            if task.restoring:
+                continue
+            value = R.dumps({"source": task.partition, "ms": self._clock(task, now)})
+            for target in range(self.partitions):
+                if target != task.partition:
+                    self._send(self.topics.repartition, R.WATERMARK_KEY, value, R.WATERMARK, partition=target)
 
     def _bound_open(self) -> None:
         """Past --max-open-conversations, the least recently active open conversations complete (`memory_bound`,
@@ -501,6 +534,7 @@ class Assembler(AsyncConsumerRebalanceListener):
                     "input": task.input_position,
                     "repartition": task.repartition_position,
                     "watermark": task.watermark_ms,
+                    "sources": {str(k): v for k, v in task.sources.items()},
                 }
                 self._send(
                     self.topics.changelog, R.POSITIONS_KEY, R.dumps(positions), R.POSITIONS, partition=task.partition

@@ -15,6 +15,8 @@ from ..conversations import JudgeJob
 
 KIND = "tracejudge.kind"
 EVENTS, VERDICT, STATE, POSITIONS, JOB, FEEDBACK = "events", "verdict", "state", "positions", "job", "feedback"
+WATERMARK = "watermark"  # {"source": input partition, "ms": how far (record time) it has routed its records}
+WATERMARK_KEY = b"\x00tracejudge.watermark"
 POSITIONS_KEY = b"\x00tracejudge.positions"  # never a conversation id's key: ids are text, this starts with NUL
 
 Headers = list[tuple[str, bytes]]
