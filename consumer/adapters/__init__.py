@@ -15,8 +15,9 @@ from tracejudge.tracer.identity import agent_name, conversation_id, service_name
 from tracejudge.tracer.semconv import GEN_AI_OPERATION_NAME, OPERATION_INVOKE_AGENT, TURN_INDEX
 
 from ..decode import DecodedSpan
-from . import genai, openinference, openllmetry
+from . import _frameworks, genai, openinference, openllmetry
 from ._base import ConversationEvent, Feedback, Turn, clean_agent, turn_from_span
+from ._kinds import INPUT_MESSAGE_PREFIXES, OUTPUT_MESSAGE_PREFIXES, Kind, framework_agent, has_messages, span_kind
 
 __all__ = ["ConversationEvent", "Feedback", "TraceContext", "Turn", "extract", "trace_contexts"]
 
@@ -26,9 +27,6 @@ BODIES: tuple[Reader, ...] = (genai.agent_bodies, openinference.bodies, openllme
 
 # Spans that are a turn even without content (capture off): counted, then judged `empty_conversation`, never dropped.
 _CALL_OPERATIONS = frozenset({OPERATION_INVOKE_AGENT, "chat", "text_completion", "generate_content"})
-# Steps inside a turn that are not an exchange with the user.
-_NOT_TURN_OPERATIONS = frozenset({"execute_tool", "embeddings", "retrieval", "create_agent"})
-_NOT_TURN_KINDS = frozenset({"TOOL", "RETRIEVER", "EMBEDDING", "RERANKER", "GUARDRAIL", "EVALUATOR", "PROMPT"})
 
 
 @dataclass(slots=True)
@@ -44,7 +42,7 @@ def trace_contexts(spans: Iterable[DecodedSpan]) -> dict[str, TraceContext]:
     contexts: dict[str, TraceContext] = {}
     for span in spans:
         conversation = conversation_id(span.attributes)
-        agent = agent_name(span.attributes)
+        agent = agent_name(span.attributes) or framework_agent(span)
         if conversation is None and agent is None:
             continue
         context = contexts.setdefault(span.trace_id, TraceContext())
@@ -56,14 +54,6 @@ def trace_contexts(spans: Iterable[DecodedSpan]) -> dict[str, TraceContext]:
 def _attribute(span: DecodedSpan, key: str) -> str | None:
     value = span.attributes.get(key)
     return value if isinstance(value, str) else None
-
-
-def _is_step(span: DecodedSpan) -> bool:
-    return (
-        _attribute(span, GEN_AI_OPERATION_NAME) in _NOT_TURN_OPERATIONS
-        or _attribute(span, openinference.SPAN_KIND) in _NOT_TURN_KINDS
-        or _attribute(span, openllmetry.SPAN_KIND) == "tool"
-    )
 
 
 @dataclass(slots=True)
@@ -78,18 +68,44 @@ class Content:
         return self.user is None and self.answer is None
 
 
-def content(span: DecodedSpan) -> Content:
-    """The user's text and the answer's text of one span: structured messages first, bodies only as a fallback."""
+def _agent_bodies(span: DecodedSpan) -> tuple[str | None, str | None]:
+    """An agent span's input/output when it is a message, a message list or plain text (never framework state)."""
+    attributes = span.attributes
+    user = answer = None
+    for in_key, out_key in (("input.value", "output.value"), ("traceloop.entity.input", "traceloop.entity.output")):
+        user = user or _frameworks.user_text(attributes.get(in_key))
+        answer = answer or _frameworks.answer_text(attributes.get(out_key))
+    return user, answer
+
+
+def content(span: DecodedSpan, kind: Kind | None = None) -> Content:
+    """The user's text and the answer's text of one span, by what the span is (consumer/adapters/_kinds.py):
+    structured messages first; a model call's raw body only for a side it wrote no messages for; an agent's body only
+    when it is a message or text; nothing from a chain or a step."""
+    kind = span_kind(span) if kind is None else kind
     found = Content()
-    for readers, from_body in ((STRUCTURED, False), (BODIES, True)):
+    if kind in (Kind.CHAIN, Kind.STEP):
+        return found
+    bodies: tuple[Reader, ...] = BODIES
+    if kind is Kind.AGENT:
+        bodies = (genai.agent_bodies, _agent_bodies)
+    skip_user = kind is Kind.MODEL and has_messages(span.attributes, INPUT_MESSAGE_PREFIXES)
+    skip_answer = kind is Kind.MODEL and has_messages(span.attributes, OUTPUT_MESSAGE_PREFIXES)
+    for readers, from_body in ((STRUCTURED, False), (bodies, True)):
         for reader in readers:
             user, answer = reader(span)
+            if from_body and skip_user:
+                user = None
+            if from_body and skip_answer:
+                answer = None
             if found.user is None and user is not None:
                 found.user, found.user_from_body = user, from_body
             if found.answer is None and answer is not None:
                 found.answer, found.answer_from_body = answer, from_body
             if found.user is not None and found.answer is not None:
-                return found
+                break
+    if found.user is not None:
+        found.user = _frameworks.clean_task(found.user) or None  # a framework's wrapping of the user's words
     return found
 
 
@@ -100,7 +116,7 @@ def extract(span: DecodedSpan, traces: dict[str, TraceContext] | None = None) ->
     conversation = conversation_id(attributes) or (context.conversation_id if context else None)
     if conversation is None:
         return None
-    named = agent_name(attributes) or (context.agent if context else None)
+    named = agent_name(attributes) or framework_agent(span) or (context.agent if context else None)
     event = ConversationEvent(
         conversation_id=conversation,
         agent=clean_agent(named or service_name(span.resource)),
@@ -108,12 +124,10 @@ def extract(span: DecodedSpan, traces: dict[str, TraceContext] | None = None) ->
         feedback=genai.feedback(span),
         agent_named=named is not None,
     )
-    if not _is_step(span):
-        found = content(span)
-        is_call = (
-            _attribute(span, GEN_AI_OPERATION_NAME) in _CALL_OPERATIONS
-            or _attribute(span, openinference.SPAN_KIND) == "LLM"
-        )
+    kind = span_kind(span)
+    if kind not in (Kind.CHAIN, Kind.STEP):
+        found = content(span, kind)
+        is_call = kind is Kind.MODEL or _attribute(span, GEN_AI_OPERATION_NAME) in _CALL_OPERATIONS
         if not found.empty or is_call:
             event.turn = turn_from_span(
                 span,

@@ -1,0 +1,94 @@
+"""What a span IS, decided in one place: a model call, an agent, a chain/workflow step, a tool-like step, or unknown.
+
+The kind decides what its text may become (consumer/adapters/__init__.py):
+
+- a model call (OpenInference `LLM`, GenAI `chat`/`text_completion`/`generate_content`, OpenLLMetry's
+  `llm.request.type`) carries the messages the model saw and said: its structured messages first; a raw body fills
+  a side only when the span has no messages for that side (a tool-call answer has messages, just no text);
+- an agent (OpenInference `AGENT`, GenAI `invoke_agent`, OpenLLMetry `agent`/`workflow`, a framework's own agent
+  run) counts when its input/output IS a message, a message list or plain text; framework state (serialized graph
+  state, contexts, events, `Send`/`Command` objects, routing words such as `__end__`) is not text;
+- a chain, workflow step, graph node or task (OpenInference `CHAIN`, OpenLLMetry `task`, framework nodes) is never a
+  turn: its input/output is framework state, and the model calls and agents inside it carry the conversation;
+- a tool, retriever, embedding, reranker, guardrail, evaluator or prompt template is a step inside a turn, never one
+  (its output is not the assistant's answer);
+- a span of no known kind keeps the readers' full fallback (our own spans, libraries we do not know).
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Any
+
+from tracejudge.tracer.semconv import GEN_AI_OPERATION_NAME, OPERATION_INVOKE_AGENT
+
+from ..decode import DecodedSpan
+
+OPENINFERENCE_KIND = "openinference.span.kind"
+OPENLLMETRY_KIND = "traceloop.span.kind"
+
+
+class Kind(Enum):
+    MODEL = "model"
+    AGENT = "agent"
+    CHAIN = "chain"
+    STEP = "step"
+    UNKNOWN = "unknown"
+
+
+_MODEL_OPERATIONS = frozenset({"chat", "text_completion", "generate_content", "completion", "responses"})
+_STEP_OPERATIONS = frozenset({"execute_tool", "embeddings", "retrieval", "create_agent"})
+_AGENT_OPERATIONS = frozenset({OPERATION_INVOKE_AGENT, "invoke_workflow"})
+_OI_KINDS = {
+    "LLM": Kind.MODEL,
+    "AGENT": Kind.AGENT,
+    "CHAIN": Kind.CHAIN,
+    **{k: Kind.STEP for k in ("TOOL", "RETRIEVER", "EMBEDDING", "RERANKER", "GUARDRAIL", "EVALUATOR", "PROMPT")},
+}
+_OPENLLMETRY_KINDS = {"agent": Kind.AGENT, "workflow": Kind.AGENT, "task": Kind.CHAIN, "tool": Kind.STEP}
+# Prefixes of structured message attributes, per side: a model call that has them said what it said there.
+INPUT_MESSAGE_PREFIXES = ("llm.input_messages.", "gen_ai.prompt.", "gen_ai.input.messages")
+OUTPUT_MESSAGE_PREFIXES = ("llm.output_messages.", "gen_ai.completion.", "gen_ai.output.messages")
+
+
+def _attribute(span: DecodedSpan, key: str) -> str | None:
+    value = span.attributes.get(key)
+    return value if isinstance(value, str) else None
+
+
+def span_kind(span: DecodedSpan) -> Kind:
+    """The span's kind by the markers its instrumentation writes; the most specific marker wins."""
+    attributes = span.attributes
+    operation = _attribute(span, GEN_AI_OPERATION_NAME)
+    if operation in _STEP_OPERATIONS:
+        return Kind.STEP
+    openinference = _OI_KINDS.get(_attribute(span, OPENINFERENCE_KIND) or "")
+    if openinference is not None:
+        return openinference
+    if operation in _MODEL_OPERATIONS:
+        return Kind.MODEL
+    if operation in _AGENT_OPERATIONS:
+        return Kind.AGENT
+    openllmetry = _OPENLLMETRY_KINDS.get(_attribute(span, OPENLLMETRY_KIND) or "")
+    if openllmetry is not None:
+        return openllmetry
+    if isinstance(attributes.get("llm.request.type"), str):  # OpenLLMetry before 0.55: no operation name
+        return Kind.MODEL
+    if "agent_name" in attributes and "pydantic_ai.all_messages" in attributes:  # pydantic-ai before gen_ai ops
+        return Kind.AGENT
+    return Kind.UNKNOWN
+
+
+def has_messages(attributes: dict[str, Any], prefixes: tuple[str, ...]) -> bool:
+    """Whether the span wrote structured messages for a side (even ones without text: a tool call)."""
+    return any(key.startswith(prefixes) for key in attributes)
+
+
+def framework_agent(span: DecodedSpan) -> str | None:
+    """The agent's own name where a framework writes it in its own way (before the resource's service.name):
+    smolagents' agent run span is `<agent name>.run`."""
+    attributes = span.attributes
+    name = span.name
+    if span_kind(span) is Kind.AGENT and name.endswith(".run") and any(k.startswith("smolagents.") for k in attributes):
+        return name[: -len(".run")] or None
+    return None
