@@ -24,6 +24,7 @@ __all__ = ["ConversationEvent", "Feedback", "TraceContext", "Turn", "extract", "
 Reader = Callable[[DecodedSpan], tuple[str | None, str | None]]
 STRUCTURED: tuple[Reader, ...] = (genai.messages, genai.events, openinference.messages, openllmetry.messages)
 BODIES: tuple[Reader, ...] = (genai.agent_bodies, openinference.bodies, openllmetry.bodies)
+AGENT_STRUCTURED: tuple[Reader, ...] = (genai.messages, genai.events)
 
 # Spans that are a turn even without content (capture off): counted, then judged `empty_conversation`, never dropped.
 _CALL_OPERATIONS = frozenset({OPERATION_INVOKE_AGENT, "chat", "text_completion", "generate_content"})
@@ -86,12 +87,12 @@ def content(span: DecodedSpan, kind: Kind | None = None) -> Content:
     found = Content()
     if kind in (Kind.CHAIN, Kind.STEP):
         return found
-    bodies: tuple[Reader, ...] = BODIES
-    if kind is Kind.AGENT:
-        bodies = (genai.agent_bodies, _agent_bodies)
+    structured, bodies = STRUCTURED, BODIES
+    if kind is Kind.AGENT:  # `llm.*_messages` are a model call's (OpenInference's LangChain copies one onto chains)
+        structured, bodies = AGENT_STRUCTURED, (genai.agent_bodies, _agent_bodies)
     skip_user = kind is Kind.MODEL and has_messages(span.attributes, INPUT_MESSAGE_PREFIXES)
     skip_answer = kind is Kind.MODEL and has_messages(span.attributes, OUTPUT_MESSAGE_PREFIXES)
-    for readers, from_body in ((STRUCTURED, False), (bodies, True)):
+    for readers, from_body in ((structured, False), (bodies, True)):
         for reader in readers:
             user, answer = reader(span)
             if from_body and skip_user:

@@ -86,9 +86,24 @@ def has_messages(attributes: dict[str, Any], prefixes: tuple[str, ...]) -> bool:
 
 def framework_agent(span: DecodedSpan) -> str | None:
     """The agent's own name where a framework writes it in its own way (before the resource's service.name):
-    smolagents' agent run span is `<agent name>.run`."""
+    smolagents' agent run span is `<agent name>.run`; a LangGraph graph's root span is named after the graph."""
     attributes = span.attributes
     name = span.name
-    if span_kind(span) is Kind.AGENT and name.endswith(".run") and any(k.startswith("smolagents.") for k in attributes):
+    kind = span_kind(span)
+    if kind is Kind.AGENT and name.endswith(".run") and any(k.startswith("smolagents.") for k in attributes):
         return name[: -len(".run")] or None
+    if kind is Kind.AGENT:
+        return _langgraph_graph(span)
     return None
+
+
+def _langgraph_graph(span: DecodedSpan) -> str | None:
+    """OpenInference's LangChain instrumentation: the graph's run is an AGENT span named after the graph
+    (`create_react_agent(name=...)`, `StateGraph.compile(name=...)`); its nodes carry `langgraph_node` metadata."""
+    metadata = span.attributes.get("metadata")
+    if not isinstance(metadata, str) or '"langgraph"' not in metadata or "langgraph_node" in metadata:
+        return None
+    return span.name if span.name not in _DEFAULT_GRAPH_NAMES else None
+
+
+_DEFAULT_GRAPH_NAMES = frozenset({"LangGraph", "RunnableSequence", "agent"})
