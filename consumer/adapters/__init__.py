@@ -95,9 +95,9 @@ def content(span: DecodedSpan, kind: Kind | None = None) -> Content:
     for readers, from_body in ((structured, False), (bodies, True)):
         for reader in readers:
             user, answer = reader(span)
-            if from_body and skip_user:
+            if from_body and (skip_user or _frameworks.is_state(user)):
                 user = None
-            if from_body and skip_answer:
+            if from_body and (skip_answer or _frameworks.is_state(answer)):
                 answer = None
             if found.user is None and user is not None:
                 found.user, found.user_from_body = user, from_body
@@ -117,7 +117,8 @@ def extract(span: DecodedSpan, traces: dict[str, TraceContext] | None = None) ->
     conversation = conversation_id(attributes) or (context.conversation_id if context else None)
     if conversation is None:
         return None
-    named = agent_name(attributes) or framework_agent(span) or (context.agent if context else None)
+    own_name = framework_agent(span)
+    named = agent_name(attributes) or own_name or (context.agent if context else None)
     event = ConversationEvent(
         conversation_id=conversation,
         agent=clean_agent(named or service_name(span.resource)),
@@ -128,7 +129,9 @@ def extract(span: DecodedSpan, traces: dict[str, TraceContext] | None = None) ->
     kind = span_kind(span)
     if kind not in (Kind.CHAIN, Kind.STEP):
         found = content(span, kind)
-        is_call = kind is Kind.MODEL or _attribute(span, GEN_AI_OPERATION_NAME) in _CALL_OPERATIONS
+        is_call = (kind is Kind.MODEL or _attribute(span, GEN_AI_OPERATION_NAME) in _CALL_OPERATIONS) and not (
+            _frameworks.is_state(_attribute(span, "input.value"))  # a framework's helper marked LLM, not a call
+        )
         if not found.empty or is_call:
             event.turn = turn_from_span(
                 span,
@@ -138,8 +141,8 @@ def extract(span: DecodedSpan, traces: dict[str, TraceContext] | None = None) ->
                 input_from_body=found.user_from_body,
                 output_from_body=found.answer_from_body,
             )
-    if event.turn is None and not event.ended and event.feedback is None:
-        return None
+    if event.turn is None and not event.ended and event.feedback is None and own_name is None:
+        return None  # (a framework step that names the agent is kept for the name alone)
     if event.turn is None and not event.agent_named:
         event.agent = None  # a marker names no agent of its own: the conversation's agent stands
     return event

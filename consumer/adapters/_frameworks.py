@@ -29,12 +29,21 @@ _STATE_TEXT = re.compile(
 )
 
 
+# Python objects written as their repr: `<X object at 0x...>`, `<FunctionTool object>`, enum members `<Role.USER: 'user'>`.
+_REPR = re.compile(r"<[A-Za-z_][\w.]* object(?: at 0x[0-9a-fA-F]+)?>|=<[A-Z]\w*\.[A-Z_]+: ")
+
+
+def is_state(text: str | None) -> bool:
+    """Whether a body's text is framework state (object reprs, routing words), not what anyone said."""
+    return text is not None and bool(_REPR.search(text) or _STATE_TEXT.match(text))
+
+
 def clean_task(text: str) -> str:
     return _SMOLAGENTS_TASK.sub("", text, count=1)
 
 
 def _plain(text: str) -> str | None:
-    if not text.strip() or _STATE_TEXT.match(text):
+    if not text.strip() or is_state(text):
         return None
     return clean_task(text)
 

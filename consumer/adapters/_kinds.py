@@ -17,6 +17,7 @@ The kind decides what its text may become (consumer/adapters/__init__.py):
 
 from __future__ import annotations
 
+import re
 from enum import Enum
 from typing import Any
 
@@ -84,11 +85,31 @@ def has_messages(attributes: dict[str, Any], prefixes: tuple[str, ...]) -> bool:
     return any(key.startswith(prefixes) for key in attributes)
 
 
+def _llama_index_agent(span: DecodedSpan) -> str | None:
+    """LlamaIndex agent workflows (`FunctionAgent`, `ReActAgent`, `AgentWorkflow`) name the agent only in their step
+    events, which OpenInference writes as reprs: `AgentSetup(..., current_agent_name='refund_agent')`."""
+    if not span.name.startswith(_LLAMA_INDEX_AGENT_STEPS):
+        return None
+    for key in ("output.value", "input.value"):
+        value = span.attributes.get(key)
+        found = _CURRENT_AGENT.search(value) if isinstance(value, str) else None
+        if found:
+            return found.group(1)
+    return None
+
+
+_LLAMA_INDEX_AGENT_STEPS = ("BaseWorkflowAgent.", "AgentWorkflow.", "FunctionAgent.", "ReActAgent.", "CodeActAgent.")
+_CURRENT_AGENT = re.compile(r"current_agent_name='([^'\\]{1,128})'")
+
+
 def framework_agent(span: DecodedSpan) -> str | None:
     """The agent's own name where a framework writes it in its own way (before the resource's service.name):
-    smolagents' agent run span is `<agent name>.run`; a LangGraph graph's root span is named after the graph."""
+    smolagents' agent run span is `<agent name>.run`; a LangGraph graph's root span is named after the graph;
+    LlamaIndex's agent workflow steps name the current agent."""
     attributes = span.attributes
     name = span.name
+    if _attribute(span, OPENINFERENCE_KIND) == "CHAIN":
+        return _llama_index_agent(span)
     kind = span_kind(span)
     if kind is Kind.AGENT and name.endswith(".run") and any(k.startswith("smolagents.") for k in attributes):
         return name[: -len(".run")] or None
