@@ -29,7 +29,7 @@ _STATE_TEXT = re.compile(
 )
 
 
-# Python objects written as their repr: `<X object at 0x...>`, `<FunctionTool object>`, enum members `<Role.USER: 'user'>`.
+# Objects written as their repr: `<X object at 0x...>`, `<FunctionTool object>`, enum members `<Role.USER: 'user'>`.
 _REPR = re.compile(r"<[A-Za-z_][\w.]* object(?: at 0x[0-9a-fA-F]+)?>|=<[A-Z]\w*\.[A-Z_]+: ")
 
 
