@@ -1,9 +1,11 @@
 """From a decoded span to a conversation event (a turn, an end marker, feedback) or nothing, whatever the convention.
 
 The conversation id and the agent come from one resolver (`tracejudge.tracer.identity`, shared with the exporter's
-record key). Clean text comes first: GenAI messages (attributes, then span events), OpenInference and OpenLLMetry
-message attributes; raw bodies (`input.value`, `traceloop.entity.*`, pydantic-ai's `final_result`) only fill a side
-that none of those has.
+record key). What a span IS decides what its text may become (`_kinds.py`): a model call gives its messages, an
+agent its messages or plain text (`_frameworks.py`: never framework state), a chain or a tool nothing. Clean text
+comes first: GenAI messages (attributes, then span events), OpenInference and OpenLLMetry message attributes; raw
+bodies (`input.value`, `traceloop.entity.*`, pydantic-ai's `final_result`) only fill a side that none of those has
+(and, on a model call, only one it wrote no messages for).
 """
 
 from __future__ import annotations
