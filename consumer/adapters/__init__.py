@@ -87,6 +87,8 @@ def content(span: DecodedSpan, kind: Kind | None = None) -> Content:
     when it is a message or text; nothing from a chain or a step."""
     kind = span_kind(span) if kind is None else kind
     found = Content()
+    if kind is Kind.CHAIN and not span.parent_span_id:
+        kind = Kind.AGENT  # a trace's root chain is the application's entry (`@tracer.chain def answer(q)`)
     if kind in (Kind.CHAIN, Kind.STEP):
         return found
     structured, bodies = STRUCTURED, BODIES
@@ -129,7 +131,8 @@ def extract(span: DecodedSpan, traces: dict[str, TraceContext] | None = None) ->
         agent_named=named is not None,
     )
     kind = span_kind(span)
-    if kind not in (Kind.CHAIN, Kind.STEP):
+    speaks = kind is not Kind.STEP and not (kind is Kind.CHAIN and span.parent_span_id)  # see content()
+    if speaks:
         found = content(span, kind)
         is_call = (kind is Kind.MODEL or _attribute(span, GEN_AI_OPERATION_NAME) in _CALL_OPERATIONS) and not (
             _frameworks.is_state(_attribute(span, "input.value"))  # a framework's helper marked LLM, not a call

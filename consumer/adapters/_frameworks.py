@@ -22,11 +22,9 @@ _ANSWER_KEYS = ("final_output", "output", "response", "answer", "result", "reply
 _ID_ARGUMENTS = ("session", "conversation", "thread", "user_id", "chat_id", "run_id", "trace", "config")
 # smolagents writes a task as "New task:\n<task>" in its memory (TaskStep.to_messages)
 _SMOLAGENTS_TASK = re.compile(r"^\s*New task:\s*\n", re.IGNORECASE)
-# Framework objects written as text: reprs, LangGraph's routing and control objects.
-_STATE_TEXT = re.compile(
-    r"^\s*(<[\w.]+ object at 0x[0-9a-f]+>|__end__|__start__|(Send|Command|Interrupt)\(.*|\w+Event\(.*\)|\w+\(\))\s*$",
-    re.DOTALL,
-)
+# Framework objects written as text: LangGraph's routing words, an object's repr, a constructor call's repr
+# (`Send(node=...)`, `AgentSetup(input=[...], ...)`, `StopEvent()`; OpenInference cuts long ones off with "...").
+_STATE_TEXT = re.compile(r"^\s*(<[\w.]+ object at 0x[0-9a-f]+>|__end__|__start__|[A-Z]\w*\((\w+=|\)).*)\s*$", re.DOTALL)
 
 
 # Objects written as their repr: `<X object at 0x...>`, `<FunctionTool object>`, enum members `<Role.USER: 'user'>`.

@@ -8,8 +8,9 @@ The kind decides what its text may become (consumer/adapters/__init__.py):
 - an agent (OpenInference `AGENT`, GenAI `invoke_agent`, OpenLLMetry `agent`/`workflow`, a framework's own agent
   run) counts when its input/output IS a message, a message list or plain text; framework state (serialized graph
   state, contexts, events, `Send`/`Command` objects, routing words such as `__end__`) is not text;
-- a chain, workflow step, graph node or task (OpenInference `CHAIN`, OpenLLMetry `task`, framework nodes) is never a
-  turn: its input/output is framework state, and the model calls and agents inside it carry the conversation;
+- a chain, workflow step, graph node or task (OpenInference `CHAIN`, OpenLLMetry `task`, framework nodes) inside a
+  trace is never a turn: its input/output is framework state, and the model calls and agents inside it carry the
+  conversation; a trace's root chain is the application's entry and is read like an agent;
 - a tool, retriever, embedding, reranker, guardrail, evaluator or prompt template is a step inside a turn, never one
   (its output is not the assistant's answer);
 - a span of no known kind keeps the readers' full fallback (our own spans, libraries we do not know).

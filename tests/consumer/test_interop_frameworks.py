@@ -99,11 +99,17 @@ def test_what_a_span_is_decides_by_its_markers(attributes: dict[str, Any], kind:
     assert span_kind(_span(**attributes)) is kind
 
 
-def test_a_chain_never_speaks_and_a_step_never_answers() -> None:
-    chain = _span(**{"openinference.span.kind": "CHAIN", "input.value": "What now?", "output.value": "Fine."})
+def test_a_chain_inside_a_trace_never_speaks_and_a_step_never_answers() -> None:
+    text = {"input.value": "What now?", "output.value": "Fine."}
+    chain = _span(parent="p", **{"openinference.span.kind": "CHAIN", **text})
     tool = _span(**{"openinference.span.kind": "TOOL", "input.value": "1042", "output.value": "order 1042: paid"})
     assert content(chain).empty and content(tool).empty
-    assert extract(_span(**{"session.id": "c", "openinference.span.kind": "CHAIN", "output.value": "x"})) is None
+    assert extract(_span(parent="p", **{"session.id": "c", "openinference.span.kind": "CHAIN", **text})) is None
+    # A trace's root chain is the application's entry: read like an agent (messages or text, never state).
+    root = extract(_span(**{"session.id": "c", "openinference.span.kind": "CHAIN", **text}))
+    assert root is not None and root.turn is not None and (root.turn.input, root.turn.output) == ("What now?", "Fine.")
+    state = {"input.value": '{"ctx": "<Context object at 0x7f>"}', "output.value": "StopEvent(result=None)"}
+    assert extract(_span(**{"session.id": "c", "openinference.span.kind": "CHAIN", **state})) is None
 
 
 def test_an_agent_reads_messages_and_text_never_framework_state() -> None:
