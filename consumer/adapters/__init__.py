@@ -76,7 +76,7 @@ def _agent_bodies(span: DecodedSpan) -> tuple[str | None, str | None]:
     attributes = span.attributes
     user = answer = None
     for in_key, out_key in (("input.value", "output.value"), ("traceloop.entity.input", "traceloop.entity.output")):
-        user = user or _frameworks.user_text(attributes.get(in_key))
+        user = user or _frameworks.user_text(attributes.get(in_key)) or _frameworks.output_task(attributes.get(out_key))
         answer = answer or _frameworks.answer_text(attributes.get(out_key))
     return user, answer
 

@@ -20,8 +20,12 @@ _MAX_DEPTH = 6
 _USER_KEYS = ("task", "user_msg", "input", "query", "question", "message", "user_input", "prompt", "messages", "text")
 _ANSWER_KEYS = ("final_output", "output", "response", "answer", "result", "reply", "content", "text", "messages")
 _ID_ARGUMENTS = ("session", "conversation", "thread", "user_id", "chat_id", "run_id", "trace", "config")
-# smolagents writes a task as "New task:\n<task>" in its memory (TaskStep.to_messages)
+# smolagents writes a task as "New task:\n<task>" in its memory (TaskStep.to_messages); CrewAI as
+# "Current Task: <task>\n\nThis is the expected criteria for your final answer: ..." (its task prompt template).
 _SMOLAGENTS_TASK = re.compile(r"^\s*New task:\s*\n", re.IGNORECASE)
+_CREWAI_TASK = re.compile(
+    r"^\s*Current Task:\s*(.*?)\s*\n\nThis is the expected criteria for your final answer:", re.DOTALL
+)
 # Framework objects written as text: LangGraph's routing words, an object's repr, a constructor call's repr
 # (`Send(node=...)`, `AgentSetup(input=[...], ...)`, `StopEvent()`; OpenInference cuts long ones off with "...").
 _STATE_TEXT = re.compile(r"^\s*(<[\w.]+ object at 0x[0-9a-f]+>|__end__|__start__|[A-Z]\w*\((\w+=|\)).*)\s*$", re.DOTALL)
@@ -37,7 +41,31 @@ def is_state(text: str | None) -> bool:
 
 
 def clean_task(text: str) -> str:
+    """The task a framework wrapped in its own prompt template (smolagents, CrewAI), else the text as it is."""
+    crewai = _CREWAI_TASK.match(text)
+    if crewai:
+        return crewai.group(1)
     return _SMOLAGENTS_TASK.sub("", text, count=1)
+
+
+def _crewai_output(data: dict[str, Any]) -> tuple[str | None, str | None] | None:
+    """CrewAI's TaskOutput (`description`, `raw`) or CrewOutput (`raw`, `tasks_output`): (the task, the answer)."""
+    if not isinstance(data.get("raw"), str):
+        return None
+    if isinstance(data.get("description"), str) and "expected_output" in data:
+        return data["description"], data["raw"]
+    tasks = data.get("tasks_output")
+    if isinstance(tasks, list) and tasks and isinstance(tasks[-1], dict):
+        last = tasks[-1].get("description")
+        return (last if isinstance(last, str) else None), data["raw"]
+    return None
+
+
+def output_task(value: Any) -> str | None:
+    """The task an agent's output says it did (CrewAI's task output names its task): the user's ask."""
+    data = load_json(value) if isinstance(value, str) else value
+    found = _crewai_output(data) if isinstance(data, dict) else None
+    return _plain(found[0]) if found and found[0] else None
 
 
 def _plain(text: str) -> str | None:
@@ -119,6 +147,9 @@ def answer_text(value: Any, depth: int = 0) -> str | None:
     if message is not None:
         role, text = message_role_text(message)
         return _plain(text) if text and (role is None or role in ASSISTANT_ROLES) else None
+    crewai = _crewai_output(data)
+    if crewai is not None:
+        return _plain(crewai[1])
     for key in _ANSWER_KEYS:
         if key in data:
             text = answer_text(data[key], depth + 1)

@@ -106,7 +106,7 @@ _CURRENT_AGENT = re.compile(r"current_agent_name='([^'\\]{1,128})'")
 def framework_agent(span: DecodedSpan) -> str | None:
     """The agent's own name where a framework writes it in its own way (before the resource's service.name):
     smolagents' agent run span is `<agent name>.run`; a LangGraph graph's root span is named after the graph;
-    LlamaIndex's agent workflow steps name the current agent."""
+    LlamaIndex's agent workflow steps name the current agent; CrewAI's agent span has its role as graph node."""
     attributes = span.attributes
     name = span.name
     if _attribute(span, OPENINFERENCE_KIND) == "CHAIN":
@@ -114,6 +114,8 @@ def framework_agent(span: DecodedSpan) -> str | None:
     kind = span_kind(span)
     if kind is Kind.AGENT and name.endswith(".run") and any(k.startswith("smolagents.") for k in attributes):
         return name[: -len(".run")] or None
+    if kind is Kind.AGENT and isinstance(attributes.get("graph.node.id"), str) and "crew_key" in attributes:
+        return attributes["graph.node.id"] or None  # CrewAI: the agent's role is its node in the crew's graph
     if kind is Kind.AGENT:
         return _langgraph_graph(span)
     return None
