@@ -195,3 +195,29 @@ def test_framework_agent_names() -> None:
     ]  # fmt: skip
     event = extract(_span("BaseWorkflowAgent.setup_agent", **{**step.attributes, "session.id": "c"}))
     assert event is not None and event.turn is None and event.agent == "refund_agent" and event.agent_named
+
+
+def test_crewai_task_outputs_and_task_template() -> None:
+    task_output = {"description": "Q", "expected_output": "one sentence", "raw": "A", "messages": []}
+    crew_output = {"raw": "A", "pydantic": None, "tasks_output": [task_output]}
+    agent = _span(
+        "refund_agent._execute_core",
+        **{
+            "openinference.span.kind": "AGENT",
+            "crew_key": "k",
+            "graph.node.id": "refund_agent",
+            "input.value": json.dumps({"agent": {"role": "refund_agent", "backstory": "You are..."}, "context": ""}),
+            "output.value": json.dumps(task_output),
+        },
+    )
+    found = content(agent)
+    assert (found.user, found.answer) == ("Q", "A") and framework_agent(agent) == "refund_agent"
+    root = _span("Crew_1.kickoff", **{"openinference.span.kind": "CHAIN", "output.value": json.dumps(crew_output)})
+    assert (content(root).user, content(root).answer) == ("Q", "A")
+    template = "\nCurrent Task: Q?\n\nThis is the expected criteria for your final answer: one sentence.\nyou MUST..."
+    assert (
+        exchange_input([{"role": "system", "content": "You are..."}, {"role": "user", "content": template}]) == template
+    )
+    model = _span(**{"openinference.span.kind": "LLM", "llm.input_messages.0.message.role": "user",
+                     "llm.input_messages.0.message.content": template})  # fmt: skip
+    assert content(model).user == "Q?"
