@@ -17,19 +17,33 @@ from tracejudge.tracer.identity import agent_name, conversation_id, service_name
 from tracejudge.tracer.semconv import GEN_AI_OPERATION_NAME, OPERATION_INVOKE_AGENT, TURN_INDEX
 
 from ..decode import DecodedSpan
-from . import _frameworks, genai, openinference, openllmetry
+from . import genai, openinference, openllmetry
 from ._base import ConversationEvent, Feedback, Turn, clean_agent, turn_from_span
-from ._kinds import INPUT_MESSAGE_PREFIXES, OUTPUT_MESSAGE_PREFIXES, Kind, framework_agent, has_messages, span_kind
+from ._frameworks import answer_text, clean_task, is_state, output_task, user_text
+from ._kinds import (
+    INPUT_MESSAGE_PREFIXES,
+    OUTPUT_MESSAGE_PREFIXES,
+    STEP_KINDS,
+    STEP_OPERATIONS,
+    Kind,
+    framework_agent,
+    has_messages,
+    span_kind,
+)
 
 __all__ = ["ConversationEvent", "Feedback", "TraceContext", "Turn", "extract", "trace_contexts"]
 
 Reader = Callable[[DecodedSpan], tuple[str | None, str | None]]
 STRUCTURED: tuple[Reader, ...] = (genai.messages, genai.events, openinference.messages, openllmetry.messages)
 BODIES: tuple[Reader, ...] = (genai.agent_bodies, openinference.bodies, openllmetry.bodies)
-AGENT_STRUCTURED: tuple[Reader, ...] = (genai.messages, genai.events)
 
 # Spans that are a turn even without content (capture off): counted, then judged `empty_conversation`, never dropped.
 _CALL_OPERATIONS = frozenset({OPERATION_INVOKE_AGENT, "chat", "text_completion", "generate_content"})
+# Steps inside a turn that are not an exchange with the user (what a span is: consumer/adapters/_kinds.py).
+_NOT_TURN_OPERATIONS = STEP_OPERATIONS
+_NOT_TURN_KINDS = STEP_KINDS
+# An agent's messages: `llm.*_messages` are a model call's (OpenInference's LangChain copies one onto every chain).
+AGENT_STRUCTURED: tuple[Reader, ...] = (genai.messages, genai.events)
 
 
 @dataclass(slots=True)
@@ -59,6 +73,14 @@ def _attribute(span: DecodedSpan, key: str) -> str | None:
     return value if isinstance(value, str) else None
 
 
+def _is_step(span: DecodedSpan) -> bool:
+    return (
+        _attribute(span, GEN_AI_OPERATION_NAME) in _NOT_TURN_OPERATIONS
+        or _attribute(span, openinference.SPAN_KIND) in _NOT_TURN_KINDS
+        or _attribute(span, openllmetry.SPAN_KIND) == "tool"
+    )
+
+
 @dataclass(slots=True)
 class Content:
     user: str | None = None
@@ -76,8 +98,8 @@ def _agent_bodies(span: DecodedSpan) -> tuple[str | None, str | None]:
     attributes = span.attributes
     user = answer = None
     for in_key, out_key in (("input.value", "output.value"), ("traceloop.entity.input", "traceloop.entity.output")):
-        user = user or _frameworks.user_text(attributes.get(in_key)) or _frameworks.output_task(attributes.get(out_key))
-        answer = answer or _frameworks.answer_text(attributes.get(out_key))
+        user = user or user_text(attributes.get(in_key)) or output_task(attributes.get(out_key))
+        answer = answer or answer_text(attributes.get(out_key))
     return user, answer
 
 
@@ -92,16 +114,16 @@ def content(span: DecodedSpan, kind: Kind | None = None) -> Content:
     if kind in (Kind.CHAIN, Kind.STEP):
         return found
     structured, bodies = STRUCTURED, BODIES
-    if kind is Kind.AGENT:  # `llm.*_messages` are a model call's (OpenInference's LangChain copies one onto chains)
+    if kind is Kind.AGENT:
         structured, bodies = AGENT_STRUCTURED, (genai.agent_bodies, _agent_bodies)
     skip_user = kind is Kind.MODEL and has_messages(span.attributes, INPUT_MESSAGE_PREFIXES)
     skip_answer = kind is Kind.MODEL and has_messages(span.attributes, OUTPUT_MESSAGE_PREFIXES)
     for readers, from_body in ((structured, False), (bodies, True)):
         for reader in readers:
             user, answer = reader(span)
-            if from_body and (skip_user or _frameworks.is_state(user)):
+            if from_body and (skip_user or is_state(user)):
                 user = None
-            if from_body and (skip_answer or _frameworks.is_state(answer)):
+            if from_body and (skip_answer or is_state(answer)):
                 answer = None
             if found.user is None and user is not None:
                 found.user, found.user_from_body = user, from_body
@@ -110,7 +132,7 @@ def content(span: DecodedSpan, kind: Kind | None = None) -> Content:
             if found.user is not None and found.answer is not None:
                 break
     if found.user is not None:
-        found.user = _frameworks.clean_task(found.user) or None  # a framework's wrapping of the user's words
+        found.user = clean_task(found.user) or None  # a framework's wrapping of the user's words
     return found
 
 
@@ -131,12 +153,14 @@ def extract(span: DecodedSpan, traces: dict[str, TraceContext] | None = None) ->
         agent_named=named is not None,
     )
     kind = span_kind(span)
-    speaks = kind is not Kind.STEP and not (kind is Kind.CHAIN and span.parent_span_id)  # see content()
-    if speaks:
+    if not (_is_step(span) or kind is Kind.STEP or (kind is Kind.CHAIN and span.parent_span_id)):  # see content()
         found = content(span, kind)
-        is_call = (kind is Kind.MODEL or _attribute(span, GEN_AI_OPERATION_NAME) in _CALL_OPERATIONS) and not (
-            _frameworks.is_state(_attribute(span, "input.value"))  # a framework's helper marked LLM, not a call
+        is_call = (
+            _attribute(span, GEN_AI_OPERATION_NAME) in _CALL_OPERATIONS
+            or _attribute(span, openinference.SPAN_KIND) == "LLM"
         )
+        # A framework's helper marked as a model call (LlamaIndex's `_prepare_chat_with_tools`) calls no model.
+        is_call = (is_call or kind is Kind.MODEL) and not is_state(_attribute(span, "input.value"))
         if not found.empty or is_call:
             event.turn = turn_from_span(
                 span,

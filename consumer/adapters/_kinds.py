@@ -39,13 +39,14 @@ class Kind(Enum):
 
 
 _MODEL_OPERATIONS = frozenset({"chat", "text_completion", "generate_content", "completion", "responses"})
-_STEP_OPERATIONS = frozenset({"execute_tool", "embeddings", "retrieval", "create_agent"})
+STEP_OPERATIONS = frozenset({"execute_tool", "embeddings", "retrieval", "create_agent"})
+STEP_KINDS = frozenset({"TOOL", "RETRIEVER", "EMBEDDING", "RERANKER", "GUARDRAIL", "EVALUATOR", "PROMPT"})
 _AGENT_OPERATIONS = frozenset({OPERATION_INVOKE_AGENT, "invoke_workflow"})
 _OI_KINDS = {
     "LLM": Kind.MODEL,
     "AGENT": Kind.AGENT,
     "CHAIN": Kind.CHAIN,
-    **{k: Kind.STEP for k in ("TOOL", "RETRIEVER", "EMBEDDING", "RERANKER", "GUARDRAIL", "EVALUATOR", "PROMPT")},
+    **dict.fromkeys(STEP_KINDS, Kind.STEP),
 }
 _OPENLLMETRY_KINDS = {"agent": Kind.AGENT, "workflow": Kind.AGENT, "task": Kind.CHAIN, "tool": Kind.STEP}
 # Prefixes of structured message attributes, per side: a model call that has them said what it said there.
@@ -62,7 +63,7 @@ def span_kind(span: DecodedSpan) -> Kind:
     """The span's kind by the markers its instrumentation writes; the most specific marker wins."""
     attributes = span.attributes
     operation = _attribute(span, GEN_AI_OPERATION_NAME)
-    if operation in _STEP_OPERATIONS:
+    if operation in STEP_OPERATIONS:
         return Kind.STEP
     openinference = _OI_KINDS.get(_attribute(span, OPENINFERENCE_KIND) or "")
     if openinference is not None:
