@@ -42,8 +42,10 @@ _CALL_OPERATIONS = frozenset({OPERATION_INVOKE_AGENT, "chat", "text_completion",
 # Steps inside a turn that are not an exchange with the user (what a span is: consumer/adapters/_kinds.py).
 _NOT_TURN_OPERATIONS = STEP_OPERATIONS
 _NOT_TURN_KINDS = STEP_KINDS
-# An agent's messages: `llm.*_messages` are a model call's (OpenInference's LangChain copies one onto every chain).
-AGENT_STRUCTURED: tuple[Reader, ...] = (genai.messages, genai.events)
+# An agent's text: not `llm.*_messages` (a model call's; OpenInference's LangChain copies one onto every chain) and
+# not the raw bodies of model calls, but its messages and its input/output when they are messages or text.
+_MODEL_CALL_READERS = (openinference.messages, openllmetry.messages, openinference.bodies, openllmetry.bodies)
+AGENT_STRUCTURED: tuple[Reader, ...] = tuple(r for r in STRUCTURED if r not in _MODEL_CALL_READERS)
 
 
 @dataclass(slots=True)
@@ -115,7 +117,7 @@ def content(span: DecodedSpan, kind: Kind | None = None) -> Content:
         return found
     structured, bodies = STRUCTURED, BODIES
     if kind is Kind.AGENT:
-        structured, bodies = AGENT_STRUCTURED, (genai.agent_bodies, _agent_bodies)
+        structured, bodies = AGENT_STRUCTURED, (*(r for r in BODIES if r not in _MODEL_CALL_READERS), _agent_bodies)
     skip_user = kind is Kind.MODEL and has_messages(span.attributes, INPUT_MESSAGE_PREFIXES)
     skip_answer = kind is Kind.MODEL and has_messages(span.attributes, OUTPUT_MESSAGE_PREFIXES)
     for readers, from_body in ((structured, False), (bodies, True)):
