@@ -221,3 +221,21 @@ def test_crewai_task_outputs_and_task_template() -> None:
     model = _span(**{"openinference.span.kind": "LLM", "llm.input_messages.0.message.role": "user",
                      "llm.input_messages.0.message.content": template})  # fmt: skip
     assert content(model).user == "Q?"
+
+
+def test_a_framework_helper_marked_llm_is_not_a_call() -> None:
+    """LlamaIndex's `_prepare_chat_with_tools` is an LLM-kind span over framework objects: no turn, not even an empty
+    one (an empty model call would count as an exchange whose text was not captured)."""
+    helper = _span(
+        "OpenAI._prepare_chat_with_tools",
+        **{
+            "session.id": "c",
+            "openinference.span.kind": "LLM",
+            "input.value": json.dumps({"tools": ["<FunctionTool object>"], "user_msg": None, "chat_history": []}),
+            "output.value": json.dumps({"messages": ["ChatMessage(role=<MessageRole.USER: 'user'>, blocks=[])"]}),
+        },
+    )
+    assert extract(helper) is None
+    capture_off = _span(**{"session.id": "c", "openinference.span.kind": "LLM", "llm.model_name": "gpt-4o-mini"})
+    event = extract(capture_off)
+    assert event is not None and event.turn is not None and not event.turn.judgeable  # still counted
