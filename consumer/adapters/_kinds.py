@@ -106,7 +106,8 @@ _CURRENT_AGENT = re.compile(r"current_agent_name='([^'\\]{1,128})'")
 
 def framework_agent(span: DecodedSpan) -> str | None:
     """The agent's own name where a framework writes it in its own way (before the resource's service.name):
-    smolagents' agent run span is `<agent name>.run`; a LangGraph graph's root span is named after the graph;
+    smolagents' agent run span is `<agent name>.run`; LangChain's agents write `lc_agent_name`, a LangGraph graph's
+    root span is named after the graph;
     LlamaIndex's agent workflow steps name the current agent; CrewAI's agent span has its role as graph node."""
     attributes = span.attributes
     name = span.name
@@ -117,18 +118,29 @@ def framework_agent(span: DecodedSpan) -> str | None:
         return name[: -len(".run")] or None
     if kind is Kind.AGENT and isinstance(attributes.get("graph.node.id"), str) and "crew_key" in attributes:
         return attributes["graph.node.id"] or None  # CrewAI: the agent's role is its node in the crew's graph
-    if kind is Kind.AGENT:
-        return _langgraph_graph(span)
-    return None
+    lc_agent = attributes.get("traceloop.association.properties.lc_agent_name")  # OpenLLMetry's copy of it
+    if isinstance(lc_agent, str) and lc_agent:
+        return lc_agent
+    return _langchain_agent(span)
 
 
-def _langgraph_graph(span: DecodedSpan) -> str | None:
-    """OpenInference's LangChain instrumentation: the graph's run is an AGENT span named after the graph
-    (`create_react_agent(name=...)`, `StateGraph.compile(name=...)`); its nodes carry `langgraph_node` metadata."""
+def _langchain_agent(span: DecodedSpan) -> str | None:
+    """LangChain's agent name in the run metadata (`create_agent(name=...)` writes `lc_agent_name` on every run of the
+    agent), else OpenInference's LangChain instrumentation's graph run: an AGENT span named after the graph
+    (`create_react_agent(name=...)`, `StateGraph.compile(name=...)`) whose metadata has no `langgraph_node`."""
     metadata = span.attributes.get("metadata")
-    if not isinstance(metadata, str) or '"langgraph"' not in metadata or "langgraph_node" in metadata:
+    if not isinstance(metadata, str) or len(metadata) > _MAX_METADATA:
+        return None
+    found = _LC_AGENT_NAME.search(metadata)
+    if found:
+        return found.group(1)
+    if span_kind(span) is not Kind.AGENT or '"langgraph"' not in metadata or "langgraph_node" in metadata:
         return None
     return span.name if span.name not in _DEFAULT_GRAPH_NAMES else None
+
+
+_MAX_METADATA = 65_536
+_LC_AGENT_NAME = re.compile(r'"lc_agent_name":\s*"([^"\\]{1,128})"')
 
 
 _DEFAULT_GRAPH_NAMES = frozenset({"LangGraph", "RunnableSequence", "agent"})

@@ -193,6 +193,9 @@ def test_framework_agent_names() -> None:
     assert [framework_agent(s) for s in (smolagents, graph, node, unnamed, step)] == [
         "refund_agent", "refund_agent", None, None, "refund_agent"
     ]  # fmt: skip
+    create_agent = '{"ls_integration": "langchain_create_agent", "lc_agent_name": "booking_agent"}'
+    model_call = _span("ChatOpenAI", **{"openinference.span.kind": "LLM", "metadata": create_agent})
+    assert framework_agent(model_call) == "booking_agent"  # langchain's create_agent names every run of the agent
     event = extract(_span("BaseWorkflowAgent.setup_agent", **{**step.attributes, "session.id": "c"}))
     assert event is not None and event.turn is None and event.agent == "refund_agent" and event.agent_named
 
