@@ -62,6 +62,7 @@ class EmbeddedBroker:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             stdin=subprocess.DEVNULL,
+            start_new_session=True,  # a terminal's Ctrl-C reaches our process, which stops Tansu itself
         )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -74,6 +75,10 @@ class EmbeddedBroker:
                 time.sleep(0.05)
         self.stop()
         raise BrokerUnavailable(f"tansu did not listen on {self.bootstrap_servers} within {timeout_s}s")
+
+    def returncode(self) -> int | None:
+        """Tansu's exit code once it has exited by itself, None while it runs (or was never started)."""
+        return None if self._process is None else self._process.poll()
 
     def stop(self) -> None:
         if self._process is None:
