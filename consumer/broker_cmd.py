@@ -1,7 +1,7 @@
 """`tracejudge broker`: a local Kafka in one command (the embedded Tansu), so the quickstart needs no Kafka install.
 
 It listens on 127.0.0.1 only, keeps everything in memory, creates the span topic (so a consumer started first finds
-it) and runs until SIGINT or SIGTERM, then stops Tansu and exits 0. A port already taken, a missing Tansu binary or a
+it) and runs until SIGINT, SIGTERM or SIGHUP, then stops Tansu and exits 0. A port already taken, a missing Tansu binary or a
 broker that dies is one line on stderr and exit 1.
 """
 
@@ -66,8 +66,9 @@ def run_broker(namespace: argparse.Namespace) -> int:
     def on_signal(_signum: int, _frame: Any) -> None:
         stop.set()
 
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
+    # Tansu stays in our process group, so a closed terminal or a Ctrl-C reaches it too and nothing is left behind.
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, on_signal)
     try:
         broker = EmbeddedBroker(port).start()
     except BrokerUnavailable as exc:
@@ -88,7 +89,7 @@ def run_broker(namespace: argparse.Namespace) -> int:
         # Wake on a signal at once; look at Tansu twice a second so a broker that dies is reported, not waited on.
         while not stop.wait(0.5):
             code = broker.returncode()
-            if code is not None:
+            if code is not None and not stop.is_set():
                 return fail(f"Tansu exited with code {code}")
     finally:
         broker.stop()

@@ -62,7 +62,6 @@ class EmbeddedBroker:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             stdin=subprocess.DEVNULL,
-            start_new_session=True,  # a terminal's Ctrl-C reaches our process, which stops Tansu itself
         )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
