@@ -1,8 +1,8 @@
 """`tracejudge broker`: a local Kafka in one command (the embedded Tansu), so the quickstart needs no Kafka install.
 
 It listens on 127.0.0.1 only, keeps everything in memory, creates the span topic (so a consumer started first finds
-it) and runs until SIGINT, SIGTERM or SIGHUP, then stops Tansu and exits 0. A port already taken, a missing Tansu binary or a
-broker that dies is one line on stderr and exit 1.
+it) and runs until SIGINT, SIGTERM or SIGHUP, then stops Tansu and exits 0. A port already taken, a missing Tansu
+binary or a broker that dies is one line on stderr and exit 1.
 """
 
 from __future__ import annotations
