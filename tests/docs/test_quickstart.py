@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -23,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import missing_part
 from tests.support.judge_server import JudgeServer, Reply, conversation_text, metric_of
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -181,6 +183,9 @@ def terminals() -> Iterator[list[Terminal]]:
 
 @pytest.mark.timeout(900)
 def test_readme_five_minute_path_in_a_fresh_clone(tmp_path: Path, terminals: list[Terminal]) -> None:
+    for tool in ("git", "bash", "curl"):  # what the path assumes on the user's machine
+        if shutil.which(tool) is None:
+            missing_part(f"{tool} (apt-get install -y {tool})")
     busy = [port for port in PORTS if port_in_use(port)]
     assert not busy, f"the README's ports {busy} are taken on this machine: the five-minute path needs them free"
     readme = README.read_text()
