@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.consumer.test_cli_help import CONSUME_FLAGS
+from tests.support.judge_server import JudgeServer
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
@@ -184,3 +185,21 @@ def test_cost_table_is_bench_results_json() -> None:
         assert ratio_steady.strip("*") == f"{row[f'ratio_steady{suffix}']:.2f}x", label
         assert ratio_cold.strip("*") == f"{row[f'ratio_cold{suffix}']:.2f}x", label
     assert seen == set(models)
+
+
+def test_a_local_server_without_a_key_is_refused_as_the_readme_says(
+    judge_server: JudgeServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Why the README sets a placeholder OPENAI_API_KEY: without one LiteLLM never reaches the local server."""
+    import asyncio
+
+    from tracejudge.metrics import ConversationalEvalTestCase, EvalTestCase, FailureRateMetric
+
+    conversation = ConversationalEvalTestCase(turns=[EvalTestCase(input="Hi", actual_output="Hello, how can I help?")])
+    monkeypatch.delenv("OPENAI_API_KEY")
+    refused = asyncio.run(FailureRateMetric(model="llama3.2", max_retries=0).evaluate(conversation))
+    assert refused.score is None and "Missing credentials" in str(refused.error), refused
+    assert judge_server.requests == []
+    monkeypatch.setenv("OPENAI_API_KEY", "placeholder")
+    judged = asyncio.run(FailureRateMetric(model="llama3.2", max_retries=0).evaluate(conversation))
+    assert judged.verdict == "not_applicable" and len(judge_server.requests) == 1
