@@ -242,6 +242,7 @@ def run_path(
         *commands, look = blocks["agent"]
         for command in commands:
             agent.run(command, timeout=120)
+        timings["agent done"] = time.monotonic() - started
         expected = re.search(r"```text\n(.*?)\n```", readme[readme.index("<!-- quickstart:agent -->") :], re.S)
         assert expected is not None, "the README shows what /metrics says"
         shown = expected.group(1).splitlines()
