@@ -39,7 +39,8 @@ class BrokerCommand:
         )
         self.stdout: list[str] = []
         self._ready = threading.Event()
-        threading.Thread(target=self._read, daemon=True).start()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
 
     def _read(self) -> None:
         assert self.process.stdout is not None
@@ -60,13 +61,15 @@ class BrokerCommand:
         return int(children[0])
 
     def finish(self, timeout: float) -> tuple[int, str]:
-        """Exit code and stderr once the command has exited."""
+        """Exit code and stderr once the command has exited (stdout is the reader thread's alone)."""
         try:
-            _, stderr = self.process.communicate(timeout=timeout)
+            self.process.wait(timeout)
         except subprocess.TimeoutExpired:
             self.process.kill()
             raise
-        return self.process.returncode, stderr
+        self._reader.join(10)
+        assert self.process.stderr is not None
+        return self.process.returncode, self.process.stderr.read()
 
 
 @pytest.fixture
