@@ -10,7 +10,8 @@ from functools import cache
 
 import pytest
 
-# The README's option table as --help shows it: flag → (environment variable, default).
+# docs/configuration.md's option table as --help shows it: flag → (environment variable, default); the page is
+# checked against this by tests/docs/test_docs.py.
 CONSUME_FLAGS = {
     "--bootstrap-servers": ("TRACEJUDGE_KAFKA_BOOTSTRAP_SERVERS", "localhost:9092"),
     "--topic": ("TRACEJUDGE_TOPIC", "otlp_spans"),
@@ -37,6 +38,7 @@ CONSUME_FLAGS = {
     "--redact": ("TRACEJUDGE_REDACT", "on"),
     "--shutdown-grace": ("TRACEJUDGE_SHUTDOWN_GRACE", "30.0"),
     "--judge-timeout": ("TRACEJUDGE_JUDGE_TIMEOUT", "60.0"),
+    "--judge-check": ("TRACEJUDGE_JUDGE_CHECK", "on"),
     "--judge-retries": ("TRACEJUDGE_JUDGE_RETRIES", "3"),
     "--threshold": ("TRACEJUDGE_THRESHOLD", "0.7"),
     "--max-open-conversations": ("TRACEJUDGE_MAX_OPEN_CONVERSATIONS", "100000"),
