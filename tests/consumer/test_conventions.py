@@ -211,3 +211,84 @@ def test_text_less_spans_counted_by_convention_and_told_once_per_scope(caplog) -
     assert "'shop'" in told[0] and "'langfuse-sdk'" in told[0] and "langfuse.observation.type" in told[0]
     assert "LANGFUSE_OBSERVE_DECORATOR_IO_CAPTURE_ENABLED" in told[0]
     assert len(ingest.store.open["c1"].turns) == 2
+
+
+def test_content_less_agent_run_with_a_tool_is_one_exchange() -> None:
+    # google-adk 2.13 without content capture (recorded adk_no_content, plus the tool step of a tool-using turn):
+    # invoke_workflow > invoke_agent > generate_content (asks for the tool), execute_tool, generate_content (answers).
+    def adk(span_id: str, parent: str, name: str, start: int, end: int, trace: str, **attributes: str) -> DecodedSpan:
+        attributes = {"gen_ai.conversation.id": "c1", "gen_ai.agent.name": "refund_agent", **attributes}
+        return DecodedSpan(
+            trace * 32,
+            (trace + span_id) * 8,
+            (trace + parent) * 8 if parent else "",
+            name,
+            start,
+            end,
+            attributes,
+            False,
+            {"service.name": "svc"},
+            [],
+            "gcp.vertex.agent",
+        )
+
+    store = ConversationStore()
+    for turn, trace in enumerate("abc"):
+        base = turn * 100
+        spans = [
+            adk(
+                "1",
+                "",
+                "invoke_workflow refund_agent",
+                base,
+                base + 90,
+                trace,
+                **{"gen_ai.operation.name": "invoke_workflow"},
+            ),
+            adk(
+                "2",
+                "1",
+                "invoke_agent refund_agent",
+                base + 1,
+                base + 89,
+                trace,
+                **{"gen_ai.operation.name": "invoke_agent"},
+            ),
+            adk(
+                "3",
+                "2",
+                "generate_content m",
+                base + 2,
+                base + 10,
+                trace,
+                **{"gen_ai.operation.name": "generate_content"},
+            ),
+        ]
+        if turn == 0:
+            spans += [
+                adk(
+                    "4",
+                    "2",
+                    "execute_tool lookup",
+                    base + 11,
+                    base + 20,
+                    trace,
+                    **{"gen_ai.operation.name": "execute_tool"},
+                ),
+                adk(
+                    "5",
+                    "2",
+                    "generate_content m",
+                    base + 21,
+                    base + 30,
+                    trace,
+                    **{"gen_ai.operation.name": "generate_content"},
+                ),
+            ]
+        for s in spans:
+            event = extract(s)
+            if event is not None:
+                store.apply(event, 0, 0, 0.0)
+    store.expire_idle(10_000.0)
+    [job] = store.take_ready()
+    assert job.version == 3 and not job.judgeable_turns

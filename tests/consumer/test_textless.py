@@ -22,6 +22,7 @@ TO_SET = {
     "openai_v2_event_only": ("genai", "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=span_only"),
     "langfuse_no_io": ("langfuse", "LANGFUSE_OBSERVE_DECORATOR_IO_CAPTURE_ENABLED=true"),
     "vercel_ai_no_content": ("vercel_ai", "recordInputs: true, recordOutputs: true"),
+    "adk_no_content": ("google_adk", "ADK_CAPTURE_MESSAGE_CONTENT_IN_SPANS=true"),
 }
 TEXTLESS = [s for s in SETUPS if expected(s).get("content_on_spans") is False]
 
