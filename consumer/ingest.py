@@ -13,8 +13,7 @@ from typing import Any
 
 from tracejudge.tracer.rate_limited_log import RateLimitedLog
 
-from .adapters import Convention, ConversationEvent, extract, textless_model_call, trace_contexts
-from .adapters._conventions import present
+from .adapters import Convention, ConversationEvent, extract, present_attributes, textless_model_call, trace_contexts
 from .conversations import ConversationStore, JudgeJob
 from .decode import MalformedRecord, decode_record
 from .emit import KafkaWriter
@@ -103,7 +102,14 @@ class Ingest:
             if counted
             else " and no conversation id (set one: see docs/works-with.md)"
         )
-        arguments = (service, span.scope, convention.name, consequence, ", ".join(present(span)), convention.hint)
+        arguments = (
+            service,
+            span.scope,
+            convention.name,
+            consequence,
+            ", ".join(present_attributes(span)),
+            convention.hint,
+        )
         if len(self._textless_told) < _MAX_TEXTLESS_SOURCES:
             self._textless_told.add(source)
             logger.warning(message, *arguments)

@@ -25,10 +25,12 @@ __all__ = [
     "TraceContext",
     "Turn",
     "extract",
+    "present_attributes",
     "textless_model_call",
     "trace_contexts",
 ]
 Convention = _conventions.Convention
+present_attributes = _conventions.present
 
 Reader = Callable[[DecodedSpan], tuple[str | None, str | None]]
 STRUCTURED: tuple[Reader, ...] = (
