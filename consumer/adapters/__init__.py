@@ -17,7 +17,7 @@ from tracejudge.tracer.identity import agent_name, conversation_id, service_name
 from tracejudge.tracer.semconv import GEN_AI_OPERATION_NAME, OPERATION_INVOKE_AGENT, TURN_INDEX
 
 from ..decode import DecodedSpan
-from . import genai, openinference, openllmetry
+from . import _conventions, genai, langfuse, mlflow, openinference, openllmetry, vercel_ai
 from ._base import ConversationEvent, Feedback, Turn, clean_agent, turn_from_span
 from ._frameworks import answer_text, clean_task, is_state, output_task, user_text
 from ._kinds import (
@@ -31,11 +31,38 @@ from ._kinds import (
     span_kind,
 )
 
-__all__ = ["ConversationEvent", "Feedback", "TraceContext", "Turn", "extract", "trace_contexts"]
+__all__ = [
+    "Convention",
+    "ConversationEvent",
+    "Feedback",
+    "TraceContext",
+    "Turn",
+    "extract",
+    "present_attributes",
+    "textless_model_call",
+    "trace_contexts",
+]
+Convention = _conventions.Convention
+present_attributes = _conventions.present
 
 Reader = Callable[[DecodedSpan], tuple[str | None, str | None]]
-STRUCTURED: tuple[Reader, ...] = (genai.messages, genai.events, openinference.messages, openllmetry.messages)
-BODIES: tuple[Reader, ...] = (genai.agent_bodies, openinference.bodies, openllmetry.bodies)
+STRUCTURED: tuple[Reader, ...] = (
+    genai.messages,
+    genai.events,
+    openinference.messages,
+    openllmetry.messages,
+    vercel_ai.messages,
+    langfuse.messages,
+    mlflow.messages,
+)
+BODIES: tuple[Reader, ...] = (
+    genai.agent_bodies,
+    openinference.bodies,
+    openllmetry.bodies,
+    vercel_ai.bodies,
+    langfuse.bodies,
+    mlflow.bodies,
+)
 
 # Spans that are a turn even without content (capture off): counted, then judged `empty_conversation`, never dropped.
 _CALL_OPERATIONS = frozenset({OPERATION_INVOKE_AGENT, "chat", "text_completion", "generate_content"})
@@ -80,6 +107,7 @@ def _is_step(span: DecodedSpan) -> bool:
         _attribute(span, GEN_AI_OPERATION_NAME) in _NOT_TURN_OPERATIONS
         or _attribute(span, openinference.SPAN_KIND) in _NOT_TURN_KINDS
         or _attribute(span, openllmetry.SPAN_KIND) == "tool"
+        or _conventions.is_step(span)
     )
 
 
@@ -160,6 +188,7 @@ def extract(span: DecodedSpan, traces: dict[str, TraceContext] | None = None) ->
         is_call = (
             _attribute(span, GEN_AI_OPERATION_NAME) in _CALL_OPERATIONS
             or _attribute(span, openinference.SPAN_KIND) == "LLM"
+            or _conventions.model_call(span) is not None
         )
         # A framework's helper marked as a model call (LlamaIndex's `_prepare_chat_with_tools`) calls no model.
         is_call = (is_call or kind is Kind.MODEL) and not is_state(_attribute(span, "input.value"))
@@ -177,3 +206,11 @@ def extract(span: DecodedSpan, traces: dict[str, TraceContext] | None = None) ->
     if event.turn is None and not event.agent_named:
         event.agent = None  # a marker names no agent of its own: the conversation's agent stands
     return event
+
+
+def textless_model_call(span: DecodedSpan, event: ConversationEvent | None) -> _conventions.Convention | None:
+    """The convention of a span that looks like a model call or an agent run but gave no text (`event`: what
+    `extract` made of it), else None: such spans are counted and heard, never dropped in silence."""
+    if event is not None and event.turn is not None and event.turn.judgeable:
+        return None
+    return _conventions.model_call(span)

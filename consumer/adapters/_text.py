@@ -91,9 +91,31 @@ def part_text(part: Any) -> str | None:
     return None
 
 
+# Keys of Bedrock Converse / Strands content blocks (`[{"text": ...}, {"toolUse": {...}}]`).
+_BLOCK_KEYS = frozenset(
+    {"text", "toolUse", "toolResult", "image", "document", "video", "reasoningContent", "cachePoint", "guardContent"}
+)
+
+
+def content_blocks(value: str) -> list[dict[str, Any]] | None:
+    """A content-block list serialised into a string (Strands' `gen_ai.*.message` events), or None when the string
+    is text: only a list whose every item is a single known block counts, so a user's own JSON stays as typed."""
+    text = value.strip()
+    if not text.startswith("[{") or not text.endswith("}]"):
+        return None
+    try:
+        blocks = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    if not all(isinstance(b, dict) and len(b) == 1 and next(iter(b)) in _BLOCK_KEYS for b in blocks):
+        return None
+    return blocks
+
+
 def content_text(content: Any) -> str | None:
     if isinstance(content, str):
-        return content
+        blocks = content_blocks(content)
+        return content if blocks is None else _join((part_text(b) for b in blocks), "")
     if isinstance(content, list):
         return _join((part_text(p) for p in content), "")
     if isinstance(content, dict):
