@@ -157,6 +157,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_arguments(calibrate)
     add_consumer_flags(calibrate, skip=[dest for _, dest, _ in CONSUMER_FLAGS if dest not in CALIBRATE_OPTIONS])
     calibrate.set_defaults(handler=cmd_calibrate)
+    # `tracejudge broker`: a local Kafka in one command for the quickstart (consumer/broker_cmd.py).
+    from . import broker_cmd
+
+    broker = commands.add_parser("broker", help="a local Kafka (the embedded Tansu) on 127.0.0.1 until Ctrl-C")
+    broker_cmd.add_arguments(broker)
+    broker.set_defaults(handler=broker_cmd.run_broker)
     return parser
 
 

@@ -197,8 +197,9 @@ class ConversationStore:
             if turn.span_id in conversation.turns:
                 self.counts.duplicate_spans += 1
             else:
-                turn.input = None if turn.input is None else clip(turn.input, MAX_FIELD_CHARS)
-                turn.output = None if turn.output is None else clip(turn.output, MAX_FIELD_CHARS)
+                # Surrounding whitespace is nobody's words (Strands' str(AgentResult) ends in a newline).
+                turn.input = None if turn.input is None else clip(turn.input.strip(), MAX_FIELD_CHARS) or None
+                turn.output = None if turn.output is None else clip(turn.output.strip(), MAX_FIELD_CHARS) or None
                 conversation.turns[turn.span_id] = turn
         if event.ended:
             conversation.ended = True

@@ -33,6 +33,7 @@ class DecodedSpan:
     is_error: bool = False
     resource: dict[str, Any] = field(default_factory=dict)
     events: list[SpanEvent] = field(default_factory=list)
+    scope: str = ""  # the instrumentation scope's name: which library wrote the span (for what-to-set hints)
 
 
 @dataclass(slots=True)
@@ -77,6 +78,7 @@ def _decode_protobuf(value: bytes) -> list[DecodedSpan]:
                         start_ns=span.start_time_unix_nano,
                         end_ns=span.end_time_unix_nano,
                         attributes=_attributes(span.attributes),
+                        scope=scope_spans.scope.name,
                         is_error=span.status.code == _STATUS_ERROR,
                         resource=resource,
                         events=[SpanEvent(e.name, _attributes(e.attributes)) for e in span.events],
@@ -138,6 +140,7 @@ def _decode_json(value: bytes) -> list[DecodedSpan]:
                             start_ns=int(span.get("startTimeUnixNano") or 0),
                             end_ns=int(span.get("endTimeUnixNano") or 0),
                             attributes=_json_attributes(span.get("attributes")),
+                            scope=str((scope_spans.get("scope") or {}).get("name") or ""),
                             is_error=code in (2, "STATUS_CODE_ERROR"),
                             resource=resource,
                             events=[

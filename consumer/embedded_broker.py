@@ -75,6 +75,10 @@ class EmbeddedBroker:
         self.stop()
         raise BrokerUnavailable(f"tansu did not listen on {self.bootstrap_servers} within {timeout_s}s")
 
+    def returncode(self) -> int | None:
+        """Tansu's exit code once it has exited by itself, None while it runs (or was never started)."""
+        return None if self._process is None else self._process.poll()
+
     def stop(self) -> None:
         if self._process is None:
             return

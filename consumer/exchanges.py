@@ -180,7 +180,9 @@ def exchanges(spans: Iterable[Turn]) -> list[Turn]:
         stack.extend(children.get(node.span_id, ()))
     for node in reversed(order):
         below = _merge_steps([t for child in children.get(node.span_id, ()) for t in resolved.pop(child.span_id)])
-        if not below:
+        if not below or not (_has_content(node) or any(_has_content(t) for t in below)):
+            # Nothing below it (or nothing with text: an agent run of several calls with content capture off, ADK's
+            # invoke_agent around a tool call and the answer) is one exchange: the span itself.
             resolved[node.span_id] = [node]
         elif not _has_content(node) or len(below) > 1:
             resolved[node.span_id] = below

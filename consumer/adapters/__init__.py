@@ -1,9 +1,11 @@
 """From a decoded span to a conversation event (a turn, an end marker, feedback) or nothing, whatever the convention.
 
 The conversation id and the agent come from one resolver (`tracejudge.tracer.identity`, shared with the exporter's
-record key). Clean text comes first: GenAI messages (attributes, then span events), OpenInference and OpenLLMetry
-message attributes; raw bodies (`input.value`, `traceloop.entity.*`, pydantic-ai's `final_result`) only fill a side
-that none of those has.
+record key). What a span IS decides what its text may become (`_kinds.py`): a model call gives its messages, an
+agent its messages or plain text (`_frameworks.py`: never framework state), a chain or a tool nothing. Clean text
+comes first: GenAI messages (attributes, then span events), OpenInference and OpenLLMetry message attributes; raw
+bodies (`input.value`, `traceloop.entity.*`, pydantic-ai's `final_result`) only fill a side that none of those has
+(and, on a model call, only one it wrote no messages for).
 """
 
 from __future__ import annotations
@@ -15,20 +17,62 @@ from tracejudge.tracer.identity import agent_name, conversation_id, service_name
 from tracejudge.tracer.semconv import GEN_AI_OPERATION_NAME, OPERATION_INVOKE_AGENT, TURN_INDEX
 
 from ..decode import DecodedSpan
-from . import genai, openinference, openllmetry
+from . import _conventions, genai, langfuse, mlflow, openinference, openllmetry, vercel_ai
 from ._base import ConversationEvent, Feedback, Turn, clean_agent, turn_from_span
+from ._frameworks import answer_text, clean_task, is_state, output_task, user_text
+from ._kinds import (
+    INPUT_MESSAGE_PREFIXES,
+    OUTPUT_MESSAGE_PREFIXES,
+    STEP_KINDS,
+    STEP_OPERATIONS,
+    Kind,
+    framework_agent,
+    has_messages,
+    span_kind,
+)
 
-__all__ = ["ConversationEvent", "Feedback", "TraceContext", "Turn", "extract", "trace_contexts"]
+__all__ = [
+    "Convention",
+    "ConversationEvent",
+    "Feedback",
+    "TraceContext",
+    "Turn",
+    "extract",
+    "present_attributes",
+    "textless_model_call",
+    "trace_contexts",
+]
+Convention = _conventions.Convention
+present_attributes = _conventions.present
 
 Reader = Callable[[DecodedSpan], tuple[str | None, str | None]]
-STRUCTURED: tuple[Reader, ...] = (genai.messages, genai.events, openinference.messages, openllmetry.messages)
-BODIES: tuple[Reader, ...] = (genai.agent_bodies, openinference.bodies, openllmetry.bodies)
+STRUCTURED: tuple[Reader, ...] = (
+    genai.messages,
+    genai.events,
+    openinference.messages,
+    openllmetry.messages,
+    vercel_ai.messages,
+    langfuse.messages,
+    mlflow.messages,
+)
+BODIES: tuple[Reader, ...] = (
+    genai.agent_bodies,
+    openinference.bodies,
+    openllmetry.bodies,
+    vercel_ai.bodies,
+    langfuse.bodies,
+    mlflow.bodies,
+)
 
 # Spans that are a turn even without content (capture off): counted, then judged `empty_conversation`, never dropped.
 _CALL_OPERATIONS = frozenset({OPERATION_INVOKE_AGENT, "chat", "text_completion", "generate_content"})
-# Steps inside a turn that are not an exchange with the user.
-_NOT_TURN_OPERATIONS = frozenset({"execute_tool", "embeddings", "retrieval", "create_agent"})
-_NOT_TURN_KINDS = frozenset({"TOOL", "RETRIEVER", "EMBEDDING", "RERANKER", "GUARDRAIL", "EVALUATOR", "PROMPT"})
+# Steps inside a turn that are not an exchange with the user (what a span is: consumer/adapters/_kinds.py).
+_NOT_TURN_OPERATIONS = STEP_OPERATIONS
+_NOT_TURN_KINDS = STEP_KINDS
+# An agent's text: not `llm.*_messages` (a model call's; OpenInference's LangChain copies one onto every chain) and
+# not the raw bodies of model calls, but its messages and its input/output when they are messages or text.
+_MODEL_CALL_READERS = (openinference.messages, openllmetry.messages, openinference.bodies, openllmetry.bodies)
+AGENT_STRUCTURED: tuple[Reader, ...] = tuple(r for r in STRUCTURED if r not in _MODEL_CALL_READERS)
 
 
 @dataclass(slots=True)
@@ -44,7 +88,7 @@ def trace_contexts(spans: Iterable[DecodedSpan]) -> dict[str, TraceContext]:
     contexts: dict[str, TraceContext] = {}
     for span in spans:
         conversation = conversation_id(span.attributes)
-        agent = agent_name(span.attributes)
+        agent = agent_name(span.attributes) or framework_agent(span)
         if conversation is None and agent is None:
             continue
         context = contexts.setdefault(span.trace_id, TraceContext())
@@ -63,6 +107,7 @@ def _is_step(span: DecodedSpan) -> bool:
         _attribute(span, GEN_AI_OPERATION_NAME) in _NOT_TURN_OPERATIONS
         or _attribute(span, openinference.SPAN_KIND) in _NOT_TURN_KINDS
         or _attribute(span, openllmetry.SPAN_KIND) == "tool"
+        or _conventions.is_step(span)
     )
 
 
@@ -78,18 +123,46 @@ class Content:
         return self.user is None and self.answer is None
 
 
-def content(span: DecodedSpan) -> Content:
-    """The user's text and the answer's text of one span: structured messages first, bodies only as a fallback."""
+def _agent_bodies(span: DecodedSpan) -> tuple[str | None, str | None]:
+    """An agent span's input/output when it is a message, a message list or plain text (never framework state)."""
+    attributes = span.attributes
+    user = answer = None
+    for in_key, out_key in (("input.value", "output.value"), ("traceloop.entity.input", "traceloop.entity.output")):
+        user = user or user_text(attributes.get(in_key)) or output_task(attributes.get(out_key))
+        answer = answer or answer_text(attributes.get(out_key))
+    return user, answer
+
+
+def content(span: DecodedSpan, kind: Kind | None = None) -> Content:
+    """The user's text and the answer's text of one span, by what the span is (consumer/adapters/_kinds.py):
+    structured messages first; a model call's raw body only for a side it wrote no messages for; an agent's body only
+    when it is a message or text; nothing from a chain or a step."""
+    kind = span_kind(span) if kind is None else kind
     found = Content()
-    for readers, from_body in ((STRUCTURED, False), (BODIES, True)):
+    if kind is Kind.CHAIN and not span.parent_span_id:
+        kind = Kind.AGENT  # a trace's root chain is the application's entry (`@tracer.chain def answer(q)`)
+    if kind in (Kind.CHAIN, Kind.STEP):
+        return found
+    structured, bodies = STRUCTURED, BODIES
+    if kind is Kind.AGENT:
+        structured, bodies = AGENT_STRUCTURED, (*(r for r in BODIES if r not in _MODEL_CALL_READERS), _agent_bodies)
+    skip_user = kind is Kind.MODEL and has_messages(span.attributes, INPUT_MESSAGE_PREFIXES)
+    skip_answer = kind is Kind.MODEL and has_messages(span.attributes, OUTPUT_MESSAGE_PREFIXES)
+    for readers, from_body in ((structured, False), (bodies, True)):
         for reader in readers:
             user, answer = reader(span)
+            if from_body and (skip_user or is_state(user)):
+                user = None
+            if from_body and (skip_answer or is_state(answer)):
+                answer = None
             if found.user is None and user is not None:
                 found.user, found.user_from_body = user, from_body
             if found.answer is None and answer is not None:
                 found.answer, found.answer_from_body = answer, from_body
             if found.user is not None and found.answer is not None:
-                return found
+                break
+    if found.user is not None:
+        found.user = clean_task(found.user) or None  # a framework's wrapping of the user's words
     return found
 
 
@@ -100,7 +173,8 @@ def extract(span: DecodedSpan, traces: dict[str, TraceContext] | None = None) ->
     conversation = conversation_id(attributes) or (context.conversation_id if context else None)
     if conversation is None:
         return None
-    named = agent_name(attributes) or (context.agent if context else None)
+    own_name = framework_agent(span)
+    named = agent_name(attributes) or own_name or (context.agent if context else None)
     event = ConversationEvent(
         conversation_id=conversation,
         agent=clean_agent(named or service_name(span.resource)),
@@ -108,12 +182,16 @@ def extract(span: DecodedSpan, traces: dict[str, TraceContext] | None = None) ->
         feedback=genai.feedback(span),
         agent_named=named is not None,
     )
-    if not _is_step(span):
-        found = content(span)
+    kind = span_kind(span)
+    if not (_is_step(span) or kind is Kind.STEP or (kind is Kind.CHAIN and span.parent_span_id)):  # see content()
+        found = content(span, kind)
         is_call = (
             _attribute(span, GEN_AI_OPERATION_NAME) in _CALL_OPERATIONS
             or _attribute(span, openinference.SPAN_KIND) == "LLM"
+            or _conventions.model_call(span) is not None
         )
+        # A framework's helper marked as a model call (LlamaIndex's `_prepare_chat_with_tools`) calls no model.
+        is_call = (is_call or kind is Kind.MODEL) and not is_state(_attribute(span, "input.value"))
         if not found.empty or is_call:
             event.turn = turn_from_span(
                 span,
@@ -123,8 +201,16 @@ def extract(span: DecodedSpan, traces: dict[str, TraceContext] | None = None) ->
                 input_from_body=found.user_from_body,
                 output_from_body=found.answer_from_body,
             )
-    if event.turn is None and not event.ended and event.feedback is None:
-        return None
+    if event.turn is None and not event.ended and event.feedback is None and own_name is None:
+        return None  # (a framework step that names the agent is kept for the name alone)
     if event.turn is None and not event.agent_named:
         event.agent = None  # a marker names no agent of its own: the conversation's agent stands
     return event
+
+
+def textless_model_call(span: DecodedSpan, event: ConversationEvent | None) -> _conventions.Convention | None:
+    """The convention of a span that looks like a model call or an agent run but gave no text (`event`: what
+    `extract` made of it), else None: such spans are counted and heard, never dropped in silence."""
+    if event is not None and event.turn is not None and event.turn.judgeable:
+        return None
+    return _conventions.model_call(span)

@@ -14,8 +14,11 @@ import json
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from ._langchain import langchain_message
+
 USER_ROLES = frozenset({"user", "human"})
 ASSISTANT_ROLES = frozenset({"assistant", "model", "ai", "bot"})
+_NOT_ACTS = frozenset({"system", "developer"})  # roles between user messages that do not end a question
 _TEXT_PART_TYPES = frozenset({"text", "input_text", "output_text", "refusal", "text_delta"})
 _MAX_DEPTH = 6
 _ID_ARGUMENTS = ("session", "conversation", "thread", "user_id", "chat_id", "run_id", "trace", "config")
@@ -88,9 +91,31 @@ def part_text(part: Any) -> str | None:
     return None
 
 
+# Keys of Bedrock Converse / Strands content blocks (`[{"text": ...}, {"toolUse": {...}}]`).
+_BLOCK_KEYS = frozenset(
+    {"text", "toolUse", "toolResult", "image", "document", "video", "reasoningContent", "cachePoint", "guardContent"}
+)
+
+
+def content_blocks(value: str) -> list[dict[str, Any]] | None:
+    """A content-block list serialised into a string (Strands' `gen_ai.*.message` events), or None when the string
+    is text: only a list whose every item is a single known block counts, so a user's own JSON stays as typed."""
+    text = value.strip()
+    if not text.startswith("[{") or not text.endswith("}]"):
+        return None
+    try:
+        blocks = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    if not all(isinstance(b, dict) and len(b) == 1 and next(iter(b)) in _BLOCK_KEYS for b in blocks):
+        return None
+    return blocks
+
+
 def content_text(content: Any) -> str | None:
     if isinstance(content, str):
-        return content
+        blocks = content_blocks(content)
+        return content if blocks is None else _join((part_text(b) for b in blocks), "")
     if isinstance(content, list):
         return _join((part_text(p) for p in content), "")
     if isinstance(content, dict):
@@ -104,6 +129,7 @@ def message_role_text(message: Any) -> tuple[str | None, str | None]:
         return None, message
     if not isinstance(message, dict):
         return None, None
+    message = langchain_message(message) or message  # LangChain's serialized message objects
     for _ in range(_MAX_DEPTH):  # a gen_ai.choice body: {"index": 0, "message": {...}}
         if "role" in message or not isinstance(message.get("message"), dict):
             break
@@ -119,7 +145,9 @@ def message_role_text(message: Any) -> tuple[str | None, str | None]:
 
 
 def exchange_input(messages: Any, *, default_user: bool = True) -> str | None:
-    """The user's message(s) after the last assistant message with text: this call's question, never the history."""
+    """The user's message(s) after the last assistant message with text: this call's question, never the history.
+    Once the question is found, any earlier assistant act ends it too (a tool call, a tool result, smolagents'
+    `tool-call`/`tool-response` roles): an answer given as a tool call must not join two questions."""
     if isinstance(messages, dict):
         messages = [messages]
     if not isinstance(messages, list):
@@ -127,6 +155,8 @@ def exchange_input(messages: Any, *, default_user: bool = True) -> str | None:
     collected: list[str] = []
     for message in reversed(messages):
         role, text = message_role_text(message)
+        if collected and role is not None and role not in USER_ROLES and role not in _NOT_ACTS:
+            break
         if not text or not text.strip():
             continue
         if role in ASSISTANT_ROLES:

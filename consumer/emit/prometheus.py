@@ -300,6 +300,14 @@ class ConsumerMetrics:
             ["metric", "model", "rubric_version"],
             registry=registry,
         )
+        self.textless_spans = Counter(
+            "tracejudge_textless_llm_spans_total",
+            "Spans that look like a model call or an agent run but carry no text, by convention and outcome "
+            "(counted_as_turn: their conversation fails empty_conversation unless other spans have text; "
+            "no_conversation_id: no conversation to count them in)",
+            ["convention", "outcome"],
+            registry=registry,
+        )
         for outcome in ("ok", "malformed"):
             self.records.labels(outcome=outcome)
         for output in ("results_topic", "dead_letter", "otlp"):
@@ -373,6 +381,9 @@ class ConsumerMetrics:
 
     def record_records(self, outcome: str, count: int = 1) -> None:
         self.records.labels(outcome=outcome).inc(count)
+
+    def record_textless_span(self, convention: str, outcome: str) -> None:
+        self.textless_spans.labels(convention=convention, outcome=outcome).inc()
 
     def record_submitted(self) -> None:
         self.submitted.inc()

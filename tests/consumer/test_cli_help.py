@@ -10,7 +10,8 @@ from functools import cache
 
 import pytest
 
-# The README's option table as --help shows it: flag → (environment variable, default).
+# docs/configuration.md's option table as --help shows it: flag → (environment variable, default); the page is
+# checked against this by tests/docs/test_docs.py.
 CONSUME_FLAGS = {
     "--bootstrap-servers": ("TRACEJUDGE_KAFKA_BOOTSTRAP_SERVERS", "localhost:9092"),
     "--topic": ("TRACEJUDGE_TOPIC", "otlp_spans"),

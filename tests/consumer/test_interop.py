@@ -25,6 +25,7 @@ from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
+from tests.consumer.test_interop_frameworks import STATE_MARKERS, fake_server
 from tests.consumer.test_pipeline import Collect
 from tests.support.judge_server import JudgeServer, conversation_text, verdict
 from tests.support.pipeline import RunningConsumer, consumer_settings, wait_for
@@ -41,6 +42,7 @@ IDLE_S = 1.0
 ALL = "*"
 # What must never reach the judge: API bodies and wrapped-argument JSON.
 BODY_MARKERS = ('"choices"', "chatcmpl-", '"messages"', '"args"', '"kwargs"', '"output_text"', '"role"', '"usage"')
+FAKE = fake_server()  # the scripted tool results and system prompt
 
 
 def expected(setup: str) -> dict[str, Any]:
@@ -141,6 +143,11 @@ def test_the_judge_receives_the_real_conversation(replayed: dict[str, Replay], s
     assert [t["turn"] for t in turns] == list(range(1, len(want["turns"]) + 1))
     sent = conversation_text(replay.requests[0])
     assert not [marker for marker in BODY_MARKERS if marker in sent.split(START, 1)[1].replace('\\"', '"')]
+    # Agent frameworks: no framework state, no tool output as an answer, no system prompt as a user turn.
+    said = sent.split(START, 1)[1]
+    assert not [marker for marker in STATE_MARKERS if marker in said]
+    assert not [result for result in FAKE.TOOL_RESULTS.values() for t in turns if result in t["assistant"]]
+    assert not [t for t in turns if FAKE.SYSTEM_PROMPT in t["user"]]
 
 
 def readable_spans(value: bytes) -> list[ReadableSpan]:

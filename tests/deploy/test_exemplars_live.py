@@ -55,7 +55,7 @@ def test_query_exemplars_returns_the_judged_trace(
             # The score histogram's bucket points at the same trace; the honest verdict at another one.
             wait_for(lambda: bool(exemplars('tracejudge_score_bucket{le="0.0"}')), timeout=10, what="score exemplar")
             assert {e["trace_id"] for e in exemplars('tracejudge_score_bucket{le="0.0"}')} == {trace_id}
-            # The README's join: verdicts split by the rubric version of the judge that gave them.
+            # docs/metrics.md's join: verdicts split by the rubric version of the judge that gave them.
             join = (
                 "sum by (metric, rubric_version) (tracejudge_verdicts_total * on (instance, metric) "
                 "group_left (rubric_version) tracejudge_judge_info)"

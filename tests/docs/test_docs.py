@@ -1,0 +1,202 @@
+"""The README stays short and the docs/ pages stay true: links resolve, and the tables that moved out of the README
+(flags, Prometheus series, benchmarks, costs) are checked against the code and bench/results.json."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.consumer.test_cli_help import CONSUME_FLAGS
+from tests.support.judge_server import JudgeServer
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCS = ROOT / "docs"
+PAGES = [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]
+# Linked from here, written on another branch of the same issue; merged together with this one.
+
+
+def table(text: str, header: str) -> list[list[str]]:
+    """The rows (cells stripped) of the markdown table whose header line starts with `header`."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(header))
+    rows = []
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.strip().strip("|").split(" | ")])
+    return rows
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower().replace("`", ""))
+    return text.replace(" ", "-")
+
+
+def test_readme_is_what_a_user_needs_first() -> None:
+    text = (ROOT / "README.md").read_text()
+    words = len(re.sub(r"```.*?```", "", text, flags=re.S).split())
+    assert words < 1200, f"the README has {words} words outside code blocks"
+    for command in ("make demo", "make test", "tracejudge broker", "tracejudge consume"):
+        assert command in text
+    assert "placeholder" in text and "Missing credentials" in text  # a local server needs a placeholder key
+    for page in ("conventions", "guarantees", "benchmarks", "costs", "configuration", "deployment", "runbook"):
+        assert f"(docs/{page}.md)" in text, page
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_every_relative_link_resolves(page: Path) -> None:
+    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+        if re.match(r"[a-z]+:", target):
+            continue
+        path, _, anchor = target.partition("#")
+        resolved = (page.parent / path).resolve() if path else page
+        assert resolved.exists(), f"{page.name}: {target} does not exist"
+        if anchor:
+            headings = re.findall(r"^#+ (.+)$", resolved.read_text(), re.M)
+            assert anchor in {slug(h) for h in headings}, f"{page.name}: no heading #{anchor} in {path or page.name}"
+
+
+def test_seed_phrases_are_explained_where_they_appear() -> None:
+    for page in PAGES:
+        text = " ".join(page.read_text().split())
+        if "seeds' library" in text:
+            assert "eval-ai-library" in text and "reference implementation" in text, page.name
+        if "seed documents" in text or "seed snippets" in text:
+            assert re.search(r"seed documents\*? \(the specification", text), page.name
+
+
+def normal_default(value: str) -> str:
+    value = value.strip("`")
+    if value in {"off", "unlimited", "none"}:
+        return "none"
+    try:
+        return repr(float(value))
+    except ValueError:
+        return value
+
+
+def test_configuration_table_is_every_consume_flag_with_its_variable_and_default() -> None:
+    rows = table((DOCS / "configuration.md").read_text(), "| flag |")
+    documented: dict[str, tuple[str, str]] = {}
+    for flag_cell, env_cell, default_cell in rows:
+        flags = [f for f in re.findall(r"`(--[\w-]+)", flag_cell) if not f.startswith("--no-")]
+        variables = re.findall(r"`([A-Z_]+)`", env_cell)
+        defaults = [d.strip() for d in default_cell.split(", ")]
+        if len(defaults) != len(flags):
+            defaults = defaults[:1] * len(flags)
+        for flag, default in zip(flags, defaults, strict=True):
+            variable = variables[flags.index(flag)] if len(variables) == len(flags) else variables[0]
+            documented[flag] = (variable, default)
+    assert set(documented) == set(CONSUME_FLAGS)
+    for flag, (variable, default) in CONSUME_FLAGS.items():
+        assert documented[flag][0] == variable, flag
+        assert normal_default(documented[flag][1]) == normal_default(default), (flag, documented[flag], default)
+
+
+def test_metrics_table_is_every_series_the_consumer_exports() -> None:
+    from prometheus_client import CollectorRegistry
+
+    from tracejudge.consumer.emit.prometheus import ConsumerMetrics
+    from tracejudge.metrics.calibration import HallucinationCalibration
+
+    text = (DOCS / "metrics.md").read_text()
+    documented = set()
+    for name_cell, *_ in table(text, "| name |"):
+        names = re.findall(r"`(tracejudge_\w+|_\w+)`", name_cell)
+        documented |= {names[0], *(names[0] + suffix for suffix in names[1:] if suffix.startswith("_"))}
+    feedback = set(
+        re.findall(r"`(tracejudge_(?:feedback|judge_human)\w*)\{", (DOCS / "feedback-and-backfill.md").read_text())
+    )
+    registry = CollectorRegistry()
+    calibration = HallucinationCalibration(tp=18, fn=2, tn=95, fp=5)
+    ConsumerMetrics(registry, calibration=calibration)
+    exported = {metric.name.removesuffix("_total") for metric in registry.collect()}
+    documented_names = {name.removesuffix("_total") for name in documented | feedback}
+    assert exported == documented_names
+
+
+def expected_benchmark_rows(results: dict) -> list[list[str]]:
+    rows = []
+    tracer = results["tracer_overhead"]
+    for name, f in tracer["figures"].items():
+        ratio = tracer["ratio_to_hand_written"][name]
+        median = f"{f['median']:.1f} µs (min {f['min']:.1f}, max {f['max']:.1f})"
+        rows.append(["tracer, per turn", name, median, f"{ratio:.2f}x hand-written"])
+    judge = results["judge_throughput"]
+    title = f"judge, {judge['calls']} calls × {judge['latency_s'] * 1000:.0f} ms, concurrency {judge['concurrency']}"
+    for name, f in judge["figures"].items():
+        median = f"{f['median']:.2f} s (min {f['min']:.2f}, max {f['max']:.2f})"
+        rows.append([title, name, median, f"{judge['limit_s'] / f['median']:.2f}x the {judge['limit_s']} s limit"])
+    own = f"ours alone {judge['own_overhead_ms_per_call']:.3f} ms"
+    rows.append(["judge CPU per call", "LiteLLM + tracejudge", f"{judge['cpu_ms_per_call_total']:.2f} ms", own])
+    ingest = results["consumer_ingest"]
+    title = f"ingest, {ingest['records']} records / {ingest['spans']} spans"
+    for name in ingest["figures"]:
+        key = "bare" if name.startswith("bare") else "tracejudge"
+        rate = f"{ingest['records_per_s'][key]:.0f} records/s, {ingest['spans_per_s'][key]:.0f} spans/s"
+        rows.append([title, name, rate, "1.00x" if key == "bare" else f"{ingest['ours_vs_bare']:.2f}x bare"])
+    for m in results["memory"].values():
+        variant = f"{m['open_conversations']:,} open × {m['turns_each']} turns"
+        per = f"{m['bytes_per_conversation'] / 1024:.2f} KiB per conversation"
+        rows.append(["memory (RSS)", variant, per, f"{m['rss_bytes'] / 2**20:.0f} MiB"])
+    for name, t in results["judge_tokens"].items():
+        if not isinstance(t, dict):
+            continue
+        calls = t["input_tokens_per_conversation"] / t["input_tokens_per_call"]
+        median = f"{t['input_tokens_per_conversation']:.0f} per conversation ({calls:.0f} calls)"
+        prefix = f"{t['cacheable_share']:.0%} static prefix, {t['static_prefix_tokens_per_call']:.0f} tokens/call"
+        rows.append(["judge input tokens (demo conversations)", name, median, prefix])
+    return rows
+
+
+def test_benchmark_table_is_bench_results_json() -> None:
+    results = json.loads((ROOT / "bench" / "results.json").read_text())
+    text = (DOCS / "benchmarks.md").read_text()
+    assert table(text, "| benchmark |") == expected_benchmark_rows(results)
+    date = results["date"][:10]
+    assert f"Python {results['machine']['python']}, {date}" in text
+
+
+def test_cost_table_is_bench_results_json() -> None:
+    models = json.loads((ROOT / "bench" / "results.json").read_text())["judge_cost"]["models"]
+    rows = table((DOCS / "costs.md").read_text(), "| judge model |")
+    assert rows
+    seen = set()
+    for label, _minimum, steady, cold, theirs, ratio_steady, ratio_cold in rows:
+        key = label.split(",")[0]
+        suffix = ""
+        if "earlier 1,024" in label:
+            key = "gemini-2.5-flash (1,024 minimum)"
+        elif "base rubric" in label:
+            suffix = "_base_prompt"
+        row = models[key]
+        seen.add(key)
+        assert steady == f"${row[f'tracejudge{suffix}_steady_usd'] * 1e3:.2f}", label
+        assert cold == f"${row[f'tracejudge{suffix}_cold_usd'] * 1e3:.2f}", label
+        assert theirs == f"${row['eval-ai-library 0.8.2 usd'] * 1e3:.2f}", label
+        assert ratio_steady.strip("*") == f"{row[f'ratio_steady{suffix}']:.2f}x", label
+        assert ratio_cold.strip("*") == f"{row[f'ratio_cold{suffix}']:.2f}x", label
+    assert seen == set(models)
+
+
+def test_a_local_server_without_a_key_is_refused_as_the_readme_says(
+    judge_server: JudgeServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Why the README sets a placeholder OPENAI_API_KEY: without one LiteLLM never reaches the local server."""
+    import asyncio
+
+    from tracejudge.metrics import ConversationalEvalTestCase, EvalTestCase, FailureRateMetric
+
+    conversation = ConversationalEvalTestCase(turns=[EvalTestCase(input="Hi", actual_output="Hello, how can I help?")])
+    monkeypatch.delenv("OPENAI_API_KEY")
+    refused = asyncio.run(FailureRateMetric(model="llama3.2", max_retries=0).evaluate(conversation))
+    assert refused.score is None and "Missing credentials" in str(refused.error), refused
+    assert judge_server.requests == []
+    monkeypatch.setenv("OPENAI_API_KEY", "placeholder")
+    judged = asyncio.run(FailureRateMetric(model="llama3.2", max_retries=0).evaluate(conversation))
+    assert judged.verdict == "not_applicable" and len(judge_server.requests) == 1

@@ -1,0 +1,277 @@
+"""The README's five-minute path, run exactly as written: a fresh clone, a fresh venv, three terminals.
+
+The three `<!-- quickstart:NAME -->` bash blocks are what a user copies; each runs in its own bash (a "terminal")
+fed line by line, as a terminal would run a paste. The only change is the judge: `OPENAI_BASE_URL`'s value points at
+the tests' local OpenAI-compatible server instead of the user's Ollama. pip may reuse its cache (as on a laptop that
+installed anything before); the install is otherwise real.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import missing_part
+from tests.support.judge_server import JudgeServer, Reply, conversation_text, metric_of
+
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+BLOCKS = ("broker", "consumer", "agent")
+# Ports the README's commands use; the test needs them free (it is the user's machine).
+PORTS = (9092, 9464)
+
+
+def quickstart_blocks(text: str) -> dict[str, list[str]]:
+    """Each `<!-- quickstart:NAME -->` marker's following ```bash block, as its command lines."""
+    blocks: dict[str, list[str]] = {}
+    for match in re.finditer(r"<!-- quickstart:(\w+) -->\n```bash\n(.*?)\n```", text, re.S):
+        assert match.group(1) not in blocks, f"two quickstart blocks named {match.group(1)}"
+        blocks[match.group(1)] = match.group(2).splitlines()
+    return blocks
+
+
+def test_readme_quickstart_blocks_are_plain_commands() -> None:
+    blocks = quickstart_blocks(README.read_text())
+    assert tuple(blocks) == BLOCKS
+    for lines in blocks.values():
+        assert lines and all(line.strip() and not line.rstrip().endswith("\\") for line in lines), lines
+    assert blocks["broker"][-1] == "tracejudge broker"
+    assert sum(line.startswith("export OPENAI_BASE_URL=") for line in blocks["consumer"]) == 1
+    assert any(line.startswith("export OPENAI_API_KEY=") for line in blocks["consumer"])
+
+
+class Terminal:
+    """A bash fed commands on stdin in its own session, as a terminal runs what is pasted into it; Ctrl-C is SIGINT
+    to its process group."""
+
+    def __init__(self, name: str, cwd: Path, env: dict[str, str]) -> None:
+        self.name = name
+        self.process = subprocess.Popen(
+            ["bash", "--norc", "--noprofile"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            cwd=cwd,
+            env=env,
+            text=True,
+            start_new_session=True,
+        )
+        self.lines: list[str] = []
+        self._changed = threading.Condition()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        self._marks = 0
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            with self._changed:
+                self.lines.append(line.rstrip("\n"))
+                self._changed.notify_all()
+        with self._changed:
+            self.lines.append("")  # EOF wakes the waiters
+            self._changed.notify_all()
+
+    def send(self, command: str) -> str:
+        """Type `command`; returns the marker line bash prints with its exit code once it has finished."""
+        assert self.process.stdin is not None
+        self._marks += 1
+        mark = f"__{self.name}_done_{self._marks}__"
+        self.process.stdin.write(f"{command}\necho {mark}$?\n")
+        self.process.stdin.flush()
+        return mark
+
+    def wait_for(self, pattern: str, timeout: float) -> re.Match[str]:
+        deadline = time.monotonic() + timeout
+        regex = re.compile(pattern)
+        with self._changed:
+            while True:
+                for line in self.lines:
+                    found = regex.search(line)
+                    if found:
+                        return found
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or not self._reader.is_alive():  # timed out, or the terminal is gone
+                    pytest.fail(f"{self.name}: no line matching {pattern!r} in {timeout:.0f}s:\n" + self.tail())
+                self._changed.wait(min(remaining, 1.0))
+
+    def run(self, command: str, timeout: float, *, check: bool = True) -> int:
+        """Type `command` and wait for it to finish; its exit code (which must be 0 with `check`)."""
+        mark = self.send(command)
+        code = int(self.wait_for(re.escape(mark) + r"(\d+)$", timeout).group(1))
+        assert code == 0 or not check, f"{self.name}: `{command}` exited {code}:\n{self.tail()}"
+        return code
+
+    def output_after(self, start: int) -> list[str]:
+        with self._changed:
+            return list(self.lines[start:])
+
+    def ctrl_c(self) -> None:
+        os.killpg(self.process.pid, signal.SIGINT)
+
+    def tail(self, lines: int = 40) -> str:
+        with self._changed:
+            return "\n".join(self.lines[-lines:])
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            try:
+                os.killpg(self.process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.process.wait(10)
+
+
+def judge_answer(request: dict[str, Any]) -> Reply:
+    """A judge that gives the verdicts the README shows: the unanswerable question is an honest fallback."""
+    if metric_of(request) == "conversational_flow":
+        label = "fully"
+    else:
+        label = "honest_fallback" if "swallow" in conversation_text(request) else "not_applicable"
+    return Reply(content=json.dumps({"verdict": label, "evidence": [], "reason": "scripted judge"}))
+
+
+def user_environment() -> dict[str, str]:
+    """The user's shell: no venv active, no tracejudge or OpenAI settings, pip's cache as it is."""
+    venv = os.environ.get("VIRTUAL_ENV")
+    path = [
+        p
+        for p in os.environ.get("PATH", "").split(os.pathsep)
+        if p and not (venv and p.startswith(venv)) and not p.startswith(str(ROOT))
+    ]
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith(("TRACEJUDGE_", "OPENAI_", "PYTHON", "VIRTUAL_ENV", "PIP_REQUIRE", "CALF_"))
+    }
+    env["PATH"] = os.pathsep.join(path)
+    env["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"  # loopback only: LiteLLM's bundled price list, no download
+    env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
+    return env
+
+
+def port_in_use(port: int) -> bool:
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
+
+
+@pytest.fixture
+def terminals() -> Iterator[list[Terminal]]:
+    opened: list[Terminal] = []
+    yield opened
+    for terminal in reversed(opened):
+        terminal.close()
+
+
+@pytest.mark.timeout(900)
+def test_readme_five_minute_path_in_a_fresh_clone(tmp_path: Path, terminals: list[Terminal]) -> None:
+    for tool in ("git", "bash", "curl"):  # what the path assumes on the user's machine
+        if shutil.which(tool) is None:
+            missing_part(f"{tool} (apt-get install -y {tool})")
+    busy = [port for port in PORTS if port_in_use(port)]
+    assert not busy, f"the README's ports {busy} are taken on this machine: the five-minute path needs them free"
+    readme = README.read_text()
+    blocks = quickstart_blocks(readme)
+    timings: dict[str, float] = {}
+    started = time.monotonic()
+    try:
+        run_path(tmp_path, terminals, readme, blocks, timings, started)
+    finally:
+        print("five-minute path: " + ", ".join(f"{step} at {seconds:.1f}s" for step, seconds in timings.items()))
+
+
+def run_path(
+    tmp_path: Path,
+    terminals: list[Terminal],
+    readme: str,
+    blocks: dict[str, list[str]],
+    timings: dict[str, float],
+    started: float,
+) -> None:
+    clone = tmp_path / "tracejudge"
+    subprocess.run(["git", "clone", "--quiet", str(ROOT), str(clone)], check=True, timeout=120)
+    env = user_environment()
+
+    with JudgeServer(responder=judge_answer) as judge:
+        # Terminal 1: install, then the broker in the foreground.
+        broker = Terminal("broker", clone, env)
+        terminals.append(broker)
+        *install, start_broker = blocks["broker"]
+        for command in install:
+            broker.run(command, timeout=600)
+        timings["install"] = time.monotonic() - started
+        broker_done = broker.send(start_broker)
+        broker.wait_for(r"Kafka .* at 127\.0\.0\.1:9092", timeout=60)
+        timings["broker ready"] = time.monotonic() - started
+
+        # Terminal 2: the consumer, with the judge the user points OPENAI_BASE_URL at.
+        consumer = Terminal("consumer", clone, env)
+        terminals.append(consumer)
+        *setup, start_consumer = blocks["consumer"]
+        for command in setup:
+            if command.startswith("export OPENAI_BASE_URL="):
+                command = f"export OPENAI_BASE_URL={judge.base_url}"
+            consumer.run(command, timeout=60)
+        consumer_done = consumer.send(start_consumer)
+        ready = re.search(r"It logs `(metrics at [^`]+)` when it is ready", readme)
+        assert ready is not None, "the README says which line means the consumer is ready"
+        consumer.wait_for(re.escape(ready.group(1)), timeout=120)
+        timings["consumer ready"] = time.monotonic() - started
+
+        # Terminal 3: the example agent, then /metrics until the judged conversations show.
+        agent = Terminal("agent", clone, env)
+        terminals.append(agent)
+        *commands, look = blocks["agent"]
+        for command in commands:
+            agent.run(command, timeout=120)
+        timings["agent done"] = time.monotonic() - started
+        expected = re.search(r"```text\n(.*?)\n```", readme[readme.index("<!-- quickstart:agent -->") :], re.S)
+        assert expected is not None, "the README shows what /metrics says"
+        shown = expected.group(1).splitlines()
+        deadline = time.monotonic() + 120
+        while True:
+            start = len(agent.lines)
+            code = agent.run(look, timeout=30, check=False)  # grep exits 1 until the first verdict
+            seen = agent.output_after(start)
+            if all(line in seen for line in shown):
+                assert code == 0
+                break
+            assert time.monotonic() < deadline, f"/metrics never showed {shown}; last:\n" + "\n".join(seen)
+            time.sleep(0.5)  # a user running curl again; the condition above is the barrier
+        timings["judged"] = time.monotonic() - started
+
+        # Each conversation judged once per metric by the model the README names, over real HTTP.
+        model = re.search(r"--judge-model (\S+)", start_consumer)
+        assert model is not None
+        assert len(judge.requests) == 6 and {r["model"] for r in judge.requests} == {model.group(1)}
+        with urllib.request.urlopen("http://127.0.0.1:9464/metrics", timeout=10) as response:
+            metrics = response.read().decode()
+        failed = r'^tracejudge_(?:judge_errors_total\{[^}]*|sessions_total\{[^}]*outcome="failed"[^}]*)\} (\S+)'
+        failures = re.findall(failed, metrics, re.M)
+        assert all(float(value) == 0 for value in failures), metrics
+
+        # Ctrl-C in terminals 2 and 1: both stop cleanly.
+        consumer.ctrl_c()
+        assert consumer.wait_for(re.escape(consumer_done) + r"(\d+)$", timeout=60).group(1) == "0", consumer.tail()
+        broker.ctrl_c()
+        assert broker.wait_for(re.escape(broker_done) + r"(\d+)$", timeout=30).group(1) == "0", broker.tail()
+        broker.wait_for(r"^broker stopped$", timeout=5)
+    timings["stopped"] = time.monotonic() - started
