@@ -13,7 +13,8 @@ from typing import Any
 
 from tracejudge.tracer.rate_limited_log import RateLimitedLog
 
-from .adapters import Convention, ConversationEvent, extract, present_attributes, textless_model_call, trace_contexts
+from .adapters import Convention, ConversationEvent, extract, textless_model_call, trace_contexts
+from .conversation.textless import TextlessSpans
 from .conversations import ConversationStore, JudgeJob
 from .decode import MalformedRecord, decode_record
 from .emit import KafkaWriter
@@ -23,9 +24,6 @@ from .offsets import OffsetTracker
 from .pool import OUTCOME_FAILED, OUTCOME_JUDGED, Judgement
 
 logger = logging.getLogger("tracejudge.consumer")
-TEXTLESS_OUTCOME_TURN = "counted_as_turn"
-TEXTLESS_OUTCOME_NO_ID = "no_conversation_id"
-_MAX_TEXTLESS_SOURCES = 1024  # (service, scope) pairs told what to set by name; past that, one rate-limited line
 
 
 class Ingest:
@@ -46,8 +44,7 @@ class Ingest:
         self.dead_letter = dead_letter
         self.feedback = feedback
         self._malformed_log = RateLimitedLog(logger, interval_s=10.0)
-        self._textless_told: set[tuple[str, str]] = set()
-        self._textless_log = RateLimitedLog(logger, interval_s=60.0)
+        self.textless = TextlessSpans(prometheus.record_textless_span)
 
     def record(self, partition: int, record: Any, now: float) -> bool:
         """One record in; False when it was malformed. Any exception while decoding it makes it a malformed record;
@@ -84,37 +81,7 @@ class Ingest:
         return True
 
     def _textless(self, span: Any, convention: Convention, event: ConversationEvent | None) -> None:
-        """A model-call span without text: counted by convention and outcome, and said once per service and
-        instrumentation scope, with the attributes it had and what to set."""
-        counted = event is not None and event.turn is not None
-        outcome = TEXTLESS_OUTCOME_TURN if counted else TEXTLESS_OUTCOME_NO_ID
-        self.prometheus.record_textless_span(convention.name, outcome)
-        service = str(span.resource.get("service.name") or "?")[:128]
-        source = (service, span.scope[:128])
-        if source in self._textless_told:
-            return
-        message = (
-            "spans of service %r from instrumentation scope %r (%s conventions) look like model calls but carry no "
-            "text%s; attributes present: %s; to put the text on the spans set: %s"
-        )
-        consequence = (
-            ": their conversations end failed/empty_conversation unless other spans carry the text"
-            if counted
-            else " and no conversation id (set one: see docs/works-with.md)"
-        )
-        arguments = (
-            service,
-            span.scope,
-            convention.name,
-            consequence,
-            ", ".join(present_attributes(span)),
-            convention.hint,
-        )
-        if len(self._textless_told) < _MAX_TEXTLESS_SOURCES:
-            self._textless_told.add(source)
-            logger.warning(message, *arguments)
-        else:
-            self._textless_log.warning(message, *arguments)
+        self.textless.seen(span, convention, event)
 
     def _feedback(self, event: ConversationEvent, now: float) -> None:
         assert event.feedback is not None

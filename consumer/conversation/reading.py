@@ -3,12 +3,16 @@ is one reason, a span that fails to adapt costs only itself (the others still co
 
 from __future__ import annotations
 
-from ..adapters import ConversationEvent, extract, trace_contexts
+from ..adapters import ConversationEvent, extract, textless_model_call, trace_contexts
 from ..decode import MalformedRecord, decode_record
+from .textless import TextlessSpans
 
 
-def read_events(value: bytes | None, *, max_bytes: int) -> tuple[list[ConversationEvent], str | None]:
-    """The record's events and, when it is (partly) unreadable, why."""
+def read_events(
+    value: bytes | None, *, max_bytes: int, textless: TextlessSpans | None = None
+) -> tuple[list[ConversationEvent], str | None]:
+    """The record's events and, when it is (partly) unreadable, why; model-call spans without text go to
+    `textless` (counted and said)."""
     try:
         spans = decode_record(value, max_bytes=max_bytes)
         traces = trace_contexts(spans)  # a span without an id goes with the conversation its trace names
@@ -21,6 +25,10 @@ def read_events(value: bytes | None, *, max_bytes: int) -> tuple[list[Conversati
     for span in spans:
         try:
             event = extract(span, traces)
+            if textless is not None:
+                convention = textless_model_call(span, event)
+                if convention is not None:
+                    textless.seen(span, convention, event)
         except Exception as exc:  # one bad span never costs the rest of the record
             failure = failure or exc
             continue

@@ -317,8 +317,9 @@ class ConversationTable:
         self._dirty.add(state.id)
 
     def _add_turn(self, state: ConversationState, turn: Turn) -> None:
-        turn.input = None if turn.input is None else clip(turn.input, MAX_FIELD_CHARS)
-        turn.output = None if turn.output is None else clip(turn.output, MAX_FIELD_CHARS)
+        # Surrounding whitespace is nobody's words (Strands' str(AgentResult) ends in a newline).
+        turn.input = None if turn.input is None else clip(turn.input.strip(), MAX_FIELD_CHARS) or None
+        turn.output = None if turn.output is None else clip(turn.output.strip(), MAX_FIELD_CHARS) or None
         state.turns[turn.span_id] = turn
         grown = _turn_size(turn)
         state.size += grown

@@ -36,6 +36,7 @@ from tracejudge.tracer.rate_limited_log import RateLimitedLog
 from ..adapters import ConversationEvent
 from ..conversation.reading import read_events
 from ..conversation.table import COMPLETED, OPEN, ConversationState, ConversationTable, MemoryBound
+from ..conversation.textless import TextlessSpans
 from ..conversations import JudgeJob
 from ..emit import KafkaWriter
 from ..emit.prometheus import ConsumerMetrics
@@ -105,6 +106,7 @@ class Assembler(AsyncConsumerRebalanceListener):
         self.assigned = threading.Event()  # set once partitions were assigned and restored (ready)
         self._side_assignment: set[TopicPartition] = set()
         self._malformed_log = RateLimitedLog(logger, interval_s=10.0)
+        self.textless = TextlessSpans(prometheus.record_textless_span)
         self._send_log = RateLimitedLog(logger, interval_s=10.0)
         self._lag_reported: set[int] = set()
         self._last_watermarks = 0.0
@@ -336,7 +338,7 @@ class Assembler(AsyncConsumerRebalanceListener):
         return min(ts, now + FUTURE_SLACK_MS)
 
     def _input(self, task: Task, record: Any) -> None:
-        events, failure = read_events(record.value, max_bytes=self.settings.max_record_bytes)
+        events, failure = read_events(record.value, max_bytes=self.settings.max_record_bytes, textless=self.textless)
         ts = self._timestamp(record)
         task.watermark_ms = max(task.watermark_ms, ts)
         remote: dict[str, list[ConversationEvent]] = {}
