@@ -102,6 +102,7 @@ def test_metrics_table_is_every_series_the_consumer_exports() -> None:
     from prometheus_client import CollectorRegistry
 
     from tracejudge.consumer.emit.prometheus import ConsumerMetrics
+    from tracejudge.consumer.streams.instruments import StreamsInstruments
     from tracejudge.metrics.calibration import HallucinationCalibration
 
     text = (DOCS / "metrics.md").read_text()
@@ -115,6 +116,7 @@ def test_metrics_table_is_every_series_the_consumer_exports() -> None:
     registry = CollectorRegistry()
     calibration = HallucinationCalibration(tp=18, fn=2, tn=95, fp=5)
     ConsumerMetrics(registry, calibration=calibration)
+    StreamsInstruments(registry)
     exported = {metric.name.removesuffix("_total") for metric in registry.collect()}
     documented_names = {name.removesuffix("_total") for name in documented | feedback}
     assert exported == documented_names
