@@ -22,41 +22,13 @@ from dataclasses import dataclass, field
 from tracejudge.tracer.text import clip
 
 from .adapters import ConversationEvent, Feedback, Turn
+from .conversation.identity import content_id
+from .conversation.job import MAX_FIELD_CHARS, JudgeJob
 from .exchanges import exchanges
 
 logger = logging.getLogger("tracejudge.consumer.conversations")
-MAX_FIELD_CHARS = 16_000
 MAX_SPANS_PER_TURN = 4  # turn spans kept per turn of the cap (nested spans of one exchange) before it cuts
 _generation = itertools.count(1)
-
-
-@dataclass(frozen=True, slots=True)
-class JudgeJob:
-    """An immutable snapshot of a complete conversation, handed to the judge pool."""
-
-    key: str
-    conversation_id: str
-    agent: str
-    partition: int
-    version: int
-    turns: tuple[Turn, ...]
-    has_error: bool
-    negative_feedback: bool
-    truncated: bool
-    completed_by: str
-    content_id: str = ""  # names exactly this transcript (conversation/identity.py): result ids derive from it
-
-    @property
-    def turn_count(self) -> int:
-        return self.version
-
-    @property
-    def last_turn(self) -> Turn:
-        return self.turns[-1]
-
-    @property
-    def judgeable_turns(self) -> tuple[Turn, ...]:
-        return tuple(t for t in self.turns if t.judgeable)
 
 
 @dataclass(slots=True)
@@ -83,8 +55,6 @@ class Conversation:
         return max(len(turns), max(indices) + 1) if indices else len(turns)
 
     def snapshot(self, completed_by: str) -> JudgeJob:
-        from .conversation.identity import content_id
-
         turns = tuple(exchanges(self.turns.values()))  # nesting decided by content: see exchanges.py
         return JudgeJob(
             content_id=content_id(self.id, turns),

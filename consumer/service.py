@@ -268,7 +268,11 @@ class ConsumerService:
         judging = self.judge_worker is None or self.judge_worker.joined.is_set()
         if assembled and judging:
             self.assigned.set()
-            logger.info("ready: partitions assigned and restored")
+            owned = sorted(self.assembler.tasks) if self.assembler is not None else []
+            judged = sorted(self.judge_worker.assigned) if self.judge_worker is not None else []
+            logger.info(
+                "ready: consuming partitions %s (state restored; judging judge-queue partitions %s)", owned, judged
+            )
 
     def _assemble_loop(self, assembler: Assembler) -> None:
         last_commit = last_lag = time.monotonic()

@@ -25,9 +25,9 @@ from typing import Any
 from tracejudge.tracer.text import clip
 
 from ..adapters import ConversationEvent, Feedback, Turn
-from ..conversations import MAX_FIELD_CHARS, JudgeJob
 from ..exchanges import exchanges
 from .identity import content_id
+from .job import MAX_FIELD_CHARS, JudgeJob
 
 logger = logging.getLogger("tracejudge.consumer.conversation")
 

@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def tracejudge(*args: str, timeout: float = 120) -> tuple[subprocess.CompletedProcess[str], float]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TRACEJUDGE_JUDGE_CHECK": "false"}  # Kafka's errors, not the judge's
     started = time.monotonic()
     completed = subprocess.run(
         [sys.executable, "-m", "tracejudge.consumer", *args], capture_output=True, text=True, env=env, timeout=timeout
@@ -127,7 +127,7 @@ def test_an_otlp_endpoint_that_is_not_a_url_is_a_configuration_error(endpoint: s
 @contextmanager
 def consume_process(broker: EmbeddedBroker, topic: str, group: str) -> Iterator[tuple[subprocess.Popen, list[str]]]:
     """`tracejudge consume` with its stderr lines collected as they come (the default --start-from latest)."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TRACEJUDGE_JUDGE_CHECK": "false"}  # Kafka's errors, not the judge's
     process = subprocess.Popen(
         [
             sys.executable,

@@ -194,6 +194,7 @@ def test_backfill_checks_the_judge_before_reading(
 ) -> None:
     judge_server.check_reply = _error(500, "the judge is on fire")
     argv = ["backfill", "--from", "2026-01-01", "--to", "2026-01-02", "--bootstrap-servers", kafka.bootstrap]
+    argv += ["--results-topic", "results"]  # without an output backfill refuses (exit 2) before the check
     assert main(argv) == EXIT_JUDGE_UNAVAILABLE
     assert "cannot answer (server_error)" in _one_line(capsys.readouterr().err)
     assert not kafka.connected.is_set()

@@ -73,7 +73,7 @@ class Replica:
         self.process.wait(90)
 
     def ready(self) -> None:
-        wait_for(lambda: "ready: partitions assigned" in self.log.read_text(), 90, "the replica ready")
+        wait_for(lambda: "ready: consuming partitions" in self.log.read_text(), 90, "the replica ready")
 
 
 def calls_by_conversation(server: JudgeServer) -> dict[str, list[list[int]]]:
