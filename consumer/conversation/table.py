@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter, OrderedDict
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from tracejudge.tracer.text import clip
@@ -318,9 +318,20 @@ class ConversationTable:
         if last is None or outcome in JUDGED_OUTCOMES:
             return  # judged: the feedback joins the verdict, no second call
         if outcome is None:
+            if self._join_outbox(state.id, last):
+                return  # not sampled yet (same record or poll batch): the feedback is part of that snapshot
             state.rejudge_on_outcome = True  # its outcome decides (see `verdict`)
             return
         self._dispatch(state, "negative_feedback", ts_ms, force=True)
+
+    def _join_outbox(self, conversation_id: str, content: str) -> bool:
+        """Mark the snapshot still waiting in the outbox negative (the sampler then always judges it)."""
+        for i, dispatch in enumerate(self._outbox):
+            job = dispatch.job
+            if job.conversation_id == conversation_id and job.content_id == content:
+                self._outbox[i] = Dispatch(replace(job, negative_feedback=True), dispatch.completed_ms)
+                return True
+        return False
 
     def _reopen(self, state: ConversationState) -> None:
         state.status = OPEN
