@@ -197,3 +197,17 @@ def read_all(bootstrap: str, topic: str, timeout_s: float = 60.0) -> list:
     finally:
         consumer.close()
     return records
+
+
+def last_outcome(service: Any, conversation_id: str) -> str | None:
+    """The outcome the conversation's owner recorded for its latest snapshot (judged, sampled_out, ...), or None
+    while it is open or its verdict has not come back (read from the stream thread's table: retried on a race)."""
+    for _ in range(3):
+        try:
+            state = service.conversation(conversation_id)
+            if state is None or not state.dispatched:
+                return None
+            return state.dispatched[state.last_content_id]
+        except (RuntimeError, KeyError):  # the stream thread changed the dict while we read it
+            continue
+    return None
