@@ -29,6 +29,7 @@ from typing import Any
 
 from kafka import AsyncConsumerRebalanceListener, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.coordinator.assignors.cooperative_sticky import CooperativeStickyAssignor
+from kafka.errors import KafkaTimeoutError
 from kafka.structs import OffsetAndMetadata
 
 from tracejudge.tracer.rate_limited_log import RateLimitedLog
@@ -99,6 +100,7 @@ class Assembler(AsyncConsumerRebalanceListener):
         self.producer: KafkaProducer | None = None
         self.dead_letter: KafkaWriter | None = None
         self._send_failed = False
+        self._flush_timed_out = False
         self._stop = threading.Event()
         self.assigned = threading.Event()  # set once partitions were assigned and restored (ready)
         self._side_assignment: set[TopicPartition] = set()
@@ -481,8 +483,10 @@ class Assembler(AsyncConsumerRebalanceListener):
         tasks = [self.tasks[p] for p in sorted(partitions) if p in self.tasks and not self.tasks[p].restoring]
         if not tasks:
             return {}
-        self._send_failed = False
-        self.producer.flush(timeout=timeout_s)  # forwarded events and judge jobs acknowledged first
+        if not self._flush_timed_out:  # after a timed-out flush, a failure of what it waited for is still to be seen
+            self._send_failed = False
+        if not self._flushed(timeout_s):  # forwarded events and judge jobs acknowledged first
+            return {}
         if self._send_failed:
             for task in tasks:
                 self._recover(task)
@@ -503,8 +507,7 @@ class Assembler(AsyncConsumerRebalanceListener):
                     "watermark": task.watermark_ms,
                 }
                 self._send(self.topics.changelog, R.POSITIONS_KEY, R.dumps(positions), R.POSITIONS, partition=task.partition)
-        self.producer.flush(timeout=timeout_s)
-        if self._send_failed:
+        if not self._flushed(timeout_s) or self._send_failed:
             return {}  # the changes stay unflushed and go out again at the next commit
         offsets: dict[TopicPartition, OffsetAndMetadata] = {}
         for task in tasks:
@@ -515,6 +518,22 @@ class Assembler(AsyncConsumerRebalanceListener):
                     task.input_position, "", -1
                 )
         return offsets
+
+    def _flushed(self, timeout_s: float) -> bool:
+        """Everything sent is acknowledged (or failed); False when the brokers did not answer in time (an outage:
+        nothing is committed, the producer keeps retrying and the next commit tries again)."""
+        assert self.producer is not None
+        try:
+            self.producer.flush(timeout=timeout_s)
+        except KafkaTimeoutError:
+            self._flush_timed_out = True
+            self._send_log.warning(
+                "internal topics unacknowledged after %.0fs: nothing is committed until they are (check the brokers)",
+                timeout_s,
+            )
+            return False
+        self._flush_timed_out = False
+        return True
 
     def commit(self) -> None:
         assert self.group is not None

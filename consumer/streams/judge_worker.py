@@ -18,6 +18,7 @@ from typing import Any
 
 from kafka import AsyncConsumerRebalanceListener, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.coordinator.assignors.cooperative_sticky import CooperativeStickyAssignor
+from kafka.errors import KafkaTimeoutError
 from kafka.structs import OffsetAndMetadata
 
 from tracejudge.tracer.rate_limited_log import RateLimitedLog
@@ -72,6 +73,7 @@ class JudgeWorker(AsyncConsumerRebalanceListener):
         self._budget_total = settings.max_cost_per_hour
         self._log = RateLimitedLog(logger, interval_s=10.0)
         self._ack_failed = False
+        self._flush_timed_out = False
         self._lag_reported: set[int] = set()
         self.joined = threading.Event()
         self.share_budget()
@@ -229,8 +231,15 @@ class JudgeWorker(AsyncConsumerRebalanceListener):
 
     def _ack_and_offsets(self, partitions: set[int] | None = None) -> dict[TopicPartition, OffsetAndMetadata]:
         assert self.producer is not None and self.consumer is not None
-        self._ack_failed = False
-        self.producer.flush(timeout=30)
+        if not self._flush_timed_out:  # after a timed-out flush, a failure of what it waited for is still to be seen
+            self._ack_failed = False
+        try:
+            self.producer.flush(timeout=30)
+        except KafkaTimeoutError:  # the brokers do not answer (an outage): nothing is committed, retried next time
+            self._flush_timed_out = True
+            self._log.warning("verdict acknowledgements unanswered after 30s: nothing committed (check the brokers)")
+            return {}
+        self._flush_timed_out = False
         if self._ack_failed:
             return {}
         return {
