@@ -36,6 +36,7 @@ JUDGED_OUTCOMES = frozenset({"judged", "failed"})
 _SPAN_OVERHEAD = 200  # bytes a kept span costs beyond its text (ids, times, dict slots): an estimate, for the bound
 _STATE_OVERHEAD = 600
 MAX_FEEDBACK = 100
+MAX_DROPPED_IDS = 10_000  # span ids remembered per conversation beyond its kept turns (duplicates detection)
 MAX_DISPATCHED = 64  # content ids remembered per conversation (its judged versions)
 
 
@@ -299,6 +300,27 @@ class ConversationTable:
             chars -= shrink - _SPAN_OVERHEAD
             state.truncated = True
             self.counts["spans_past_window"] += 1
+        self._bound_dropped(state)
+
+    def _new_window(self, state: ConversationState) -> None:
+        """The judged window's turns go (their span ids stay: a redelivered one is still a duplicate)."""
+        for turn in state.turns.values():
+            shrink = _turn_size(turn) - 40  # the id stays
+            state.size -= shrink
+            self.memory.used -= shrink
+        state.dropped_span_ids.extend(state.turns)
+        state.turns.clear()
+        self._bound_dropped(state)
+
+    def _bound_dropped(self, state: ConversationState) -> None:
+        """Dropped span ids are remembered up to MAX_DROPPED_IDS (the newest; a replay only redelivers recent spans)
+        so that one endless conversation's state stays within a changelog record."""
+        excess = len(state.dropped_span_ids) - MAX_DROPPED_IDS
+        if excess > 0:
+            del state.dropped_span_ids[:excess]
+            state.size -= 40 * excess
+            self.memory.used -= 40 * excess
+            self.counts["span_ids_forgotten"] += excess
 
     @staticmethod
     def _add_feedback(state: ConversationState, feedback: Feedback) -> None:
@@ -334,6 +356,8 @@ class ConversationTable:
         return False
 
     def _reopen(self, state: ConversationState) -> None:
+        if state.completed_by == "turn_cap":  # past the cap the conversation goes on in windows of max_turns turns
+            self._new_window(state)
         state.status = OPEN
         state.ended = False
         state.completed_by = None
