@@ -113,6 +113,27 @@ class Assembler(AsyncConsumerRebalanceListener):
     def request_stop(self) -> None:
         self._stop.set()
 
+    def _new_producer(self) -> KafkaProducer:
+        settings = self.settings
+        return self.producer_factory(
+            bootstrap_servers=settings.bootstrap_servers,
+            client_id="tracejudge-state",
+            acks="all",
+            linger_ms=5,
+            **settings.producer_config(),
+        )
+
+    def _renew_producer(self) -> None:
+        """A send failed for good: a fresh producer (an idempotent producer whose id the brokers forgot, e.g. after
+        they lost their state, fails every later send with InitProducerId errors and never recovers)."""
+        old = self.producer
+        self.producer = self._new_producer()
+        if old is not None:
+            try:
+                old.close(timeout=0)
+            except Exception as exc:
+                logger.warning("closing the failed producer: %r", exc)
+
     def open(self) -> None:
         settings = self.settings
         common = settings.consumer_config()
@@ -128,13 +149,7 @@ class Assembler(AsyncConsumerRebalanceListener):
         }
         if settings.group_instance_id:
             group_config["group_instance_id"] = settings.group_instance_id
-        self.producer = self.producer_factory(
-            bootstrap_servers=settings.bootstrap_servers,
-            client_id="tracejudge-state",
-            acks="all",
-            linger_ms=5,
-            **settings.producer_config(),
-        )
+        self.producer = self._new_producer()
         side_config = {k: v for k, v in common.items() if k not in ("group_id", "group_instance_id")}
         self.side = self.consumer_factory(
             bootstrap_servers=settings.bootstrap_servers,
@@ -453,7 +468,8 @@ class Assembler(AsyncConsumerRebalanceListener):
         except Exception as exc:
             self._send_error(topic, exc)
             return
-        future.add_errback(lambda exc: self._send_error(topic, exc))
+        producer = self.producer  # a renewed producer's aborted sends were already recovered from
+        future.add_errback(lambda exc: self._send_error(topic, exc) if producer is self.producer else None)
 
     def _send_error(self, topic: str, exc: BaseException) -> None:
         self._send_failed = True
@@ -488,6 +504,7 @@ class Assembler(AsyncConsumerRebalanceListener):
         if not self._flushed(timeout_s):  # forwarded events and judge jobs acknowledged first
             return {}
         if self._send_failed:
+            self._renew_producer()
             for task in tasks:
                 self._recover(task)
             return {}

@@ -82,6 +82,27 @@ class JudgeWorker(AsyncConsumerRebalanceListener):
     def group_id(self) -> str:
         return f"{self.settings.group_id}-judges"
 
+    def _new_producer(self) -> KafkaProducer:
+        settings = self.settings
+        return self.producer_factory(
+            bootstrap_servers=settings.bootstrap_servers,
+            client_id="tracejudge-verdicts",
+            acks="all",
+            linger_ms=5,
+            **settings.producer_config(),
+        )
+
+    def _renew_producer(self) -> None:
+        """A send failed for good: a fresh producer (an idempotent producer whose id the brokers forgot, e.g. after
+        they lost their state, fails every later send with InitProducerId errors and never recovers)."""
+        old = self.producer
+        self.producer = self._new_producer()
+        if old is not None:
+            try:
+                old.close(timeout=0)
+            except Exception as exc:
+                logger.warning("closing the failed producer: %r", exc)
+
     def open(self) -> None:
         settings = self.settings
         common = settings.consumer_config()
@@ -97,13 +118,7 @@ class JudgeWorker(AsyncConsumerRebalanceListener):
         }
         if settings.group_instance_id:
             config["group_instance_id"] = f"{settings.group_instance_id}-judges"
-        self.producer = self.producer_factory(
-            bootstrap_servers=settings.bootstrap_servers,
-            client_id="tracejudge-verdicts",
-            acks="all",
-            linger_ms=5,
-            **settings.producer_config(),
-        )
+        self.producer = self._new_producer()
         self.consumer = self.consumer_factory(**config)
         self.consumer.subscribe([self.topics.judge_queue], listener=self)
 
@@ -205,7 +220,8 @@ class JudgeWorker(AsyncConsumerRebalanceListener):
                 headers=R.header(R.VERDICT),
                 partition=job.partition,
             )
-            future.add_errback(self._ack_error)
+            producer = self.producer  # a renewed producer's aborted sends were already counted
+            future.add_errback(lambda exc: self._ack_error(exc) if producer is self.producer else None)
         except Exception as exc:
             self._ack_error(exc)
         self.offsets.release(job.key)
@@ -241,6 +257,7 @@ class JudgeWorker(AsyncConsumerRebalanceListener):
             return {}
         self._flush_timed_out = False
         if self._ack_failed:
+            self._renew_producer()
             return {}
         return {
             TopicPartition(self.topics.judge_queue, partition): OffsetAndMetadata(offset, "", -1)
