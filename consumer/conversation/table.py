@@ -61,16 +61,25 @@ class ConversationState:
     rejudge_on_outcome: bool = False  # negative feedback came while the last snapshot's outcome was unknown
     completed_ms: int | None = None
     size: int = _STATE_OVERHEAD
+    _dropped: set[str] = field(default_factory=set, repr=False, compare=False)  # dropped_span_ids, for lookups
 
     def seen(self, span_id: str) -> bool:
-        return span_id in self.turns or span_id in self.dropped_span_ids
+        return span_id in self.turns or span_id in self._dropped
+
+    def drop_ids(self, span_ids: list[str]) -> None:
+        self.dropped_span_ids.extend(span_ids)
+        self._dropped.update(span_ids)
+
+    def forget_oldest_ids(self, count: int) -> None:
+        self._dropped.difference_update(self.dropped_span_ids[:count])
+        del self.dropped_span_ids[:count]
 
     @property
     def last_content_id(self) -> str | None:
         return next(reversed(self.dispatched), None) if self.dispatched else None
 
     def to_json(self) -> dict[str, Any]:
-        data = {name: getattr(self, name) for name in self.__slots__ if name not in ("turns", "feedback")}  # type: ignore[attr-defined]
+        data = {name: getattr(self, name) for name in self.__slots__ if name not in ("turns", "feedback", "_dropped")}  # type: ignore[attr-defined]
         data["turns"] = [asdict(turn) for turn in self.turns.values()]
         data["feedback"] = [asdict(item) for item in self.feedback]
         return data
@@ -80,8 +89,9 @@ class ConversationState:
         values = dict(data)
         turns = [Turn(**turn) for turn in values.pop("turns", [])]
         feedback = [Feedback(**item) for item in values.pop("feedback", [])]
-        known = set(cls.__slots__)  # type: ignore[attr-defined]
+        known = set(cls.__slots__) - {"_dropped"}  # type: ignore[attr-defined]
         state = cls(**{k: v for k, v in values.items() if k in known})
+        state._dropped = set(state.dropped_span_ids)
         state.turns = {turn.span_id: turn for turn in turns}
         state.feedback = feedback
         return state
@@ -289,11 +299,12 @@ class ConversationTable:
         grown = _turn_size(turn)
         state.size += grown
         self.memory.used += grown
-        chars = state.size - _STATE_OVERHEAD - _SPAN_OVERHEAD * len(state.turns)
+        # the kept turns' text: the size less the overheads and the 40 bytes each remembered dropped span id costs
+        chars = state.size - _STATE_OVERHEAD - _SPAN_OVERHEAD * len(state.turns) - 40 * len(state.dropped_span_ids)
         while chars > self.max_chars and len(state.turns) > 1:  # the judge's window: the oldest spans go first
             oldest = min(state.turns.values(), key=lambda t: (t.start_ns, t.span_id))
             del state.turns[oldest.span_id]
-            state.dropped_span_ids.append(oldest.span_id)
+            state.drop_ids([oldest.span_id])
             shrink = _turn_size(oldest)
             state.size -= shrink - 40  # the id stays
             self.memory.used -= shrink - 40
@@ -308,7 +319,7 @@ class ConversationTable:
             shrink = _turn_size(turn) - 40  # the id stays
             state.size -= shrink
             self.memory.used -= shrink
-        state.dropped_span_ids.extend(state.turns)
+        state.drop_ids(list(state.turns))
         state.turns.clear()
         self._bound_dropped(state)
 
@@ -317,7 +328,7 @@ class ConversationTable:
         so that one endless conversation's state stays within a changelog record."""
         excess = len(state.dropped_span_ids) - MAX_DROPPED_IDS
         if excess > 0:
-            del state.dropped_span_ids[:excess]
+            state.forget_oldest_ids(excess)
             state.size -= 40 * excess
             self.memory.used -= 40 * excess
             self.counts["span_ids_forgotten"] += excess
