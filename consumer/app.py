@@ -20,10 +20,13 @@ from tracejudge.tracer.redact import redact_pii
 
 from .delivery import JudgementSink
 from .emit import KafkaWriter
-from .emit.otel import EvaluationEmitter
+from .emit.acknowledged import AcknowledgingExporter
+from .emit.otel import OUTPUT as OTLP_OUTPUT
+from .emit.otel import CountedLogExporter, CountedSpanExporter, EvaluationEmitter
 from .emit.prometheus import ConsumerMetrics
 from .emit.results_topic import ResultsTopic
-from .service import ConsumerService
+from .flags import EXIT_USAGE
+from .service import ConsumerService, StartupError, reaching_kafka
 from .settings import Settings
 
 logger = logging.getLogger("tracejudge.consumer")
@@ -50,13 +53,24 @@ def build_judges(
     ]
 
 
-def build_otlp_providers(endpoint: str, protocol: str, service_name: str = "tracejudge-consumer") -> tuple[Any, Any]:
-    """Tracer and logger providers exporting evaluation spans and events over OTLP (HTTP or gRPC)."""
+class MetricsPortUnavailable(StartupError):
+    exit_code = EXIT_USAGE  # a configuration error: --metrics-host / --metrics-port
+
+
+def build_otlp_providers(
+    endpoint: str,
+    protocol: str,
+    service_name: str = "tracejudge-consumer",
+    on_error: Callable[[], None] | None = None,
+) -> tuple[Any, Any]:
+    """Tracer and logger providers exporting evaluation spans and events over OTLP (HTTP or gRPC); `on_error()` is
+    called for every batch that failed to export (the exporters return FAILURE, they do not raise). Their processors
+    acknowledge what the exporter delivered (see emit/acknowledged.py) and retry what it did not."""
     from opentelemetry.sdk._logs import LoggerProvider
-    from opentelemetry.sdk._logs.export import BatchLogRecordProcessor
+    from opentelemetry.sdk._logs.export import SimpleLogRecordProcessor
     from opentelemetry.sdk.resources import SERVICE_NAME, Resource
     from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
     base = endpoint.rstrip("/")
     if protocol == "grpc":
@@ -71,11 +85,21 @@ def build_otlp_providers(endpoint: str, protocol: str, service_name: str = "trac
 
         span_exporter = HTTPSpanExporter(endpoint=f"{base}/v1/traces")
         log_exporter = HTTPLogExporter(endpoint=f"{base}/v1/logs")
+    span_exporter = CountedSpanExporter(span_exporter, endpoint, on_error)
+    log_exporter = CountedLogExporter(log_exporter, endpoint, on_error)
     resource = Resource.create({SERVICE_NAME: service_name})
     tracer_provider = TracerProvider(resource=resource)
-    tracer_provider.add_span_processor(BatchSpanProcessor(span_exporter, schedule_delay_millis=500))
+    tracer_provider.add_span_processor(
+        SimpleSpanProcessor(
+            AcknowledgingExporter(span_exporter.export, shutdown_exporter=span_exporter.shutdown, name="otlp-spans")
+        )
+    )
     logger_provider = LoggerProvider(resource=resource)
-    logger_provider.add_log_record_processor(BatchLogRecordProcessor(log_exporter, schedule_delay_millis=500))
+    logger_provider.add_log_record_processor(
+        SimpleLogRecordProcessor(
+            AcknowledgingExporter(log_exporter.export, shutdown_exporter=log_exporter.shutdown, name="otlp-logs")
+        )
+    )
     return tracer_provider, logger_provider
 
 
@@ -116,21 +140,28 @@ def build_outputs(
 ) -> Outputs:
     """`on_output_error(output)` is called for every failed write (e.g. to count it; the write is retried)."""
     sinks: list[JudgementSink] = []
+    acknowledged = False
     if tracer_provider is None and settings.otlp_endpoint:
         tracer_provider, logger_provider = build_otlp_providers(
-            settings.otlp_endpoint, settings.otlp_protocol, service_name
+            settings.otlp_endpoint,
+            settings.otlp_protocol,
+            service_name,
+            on_error=(lambda: on_output_error(OTLP_OUTPUT)) if on_output_error else None,
         )
+        acknowledged = True  # our processors: a judgement waits for the exporter's SUCCESS
     if tracer_provider is not None:
-        sinks.append(EvaluationEmitter(tracer_provider, logger_provider))
+        sinks.append(EvaluationEmitter(tracer_provider, logger_provider, acknowledged=acknowledged))
     results_writer = None
     if settings.results_topic:
-        results_writer = KafkaWriter(
-            settings.bootstrap_servers,
-            settings.results_topic,
-            durable=True,
-            on_error=(lambda: on_output_error("results_topic")) if on_output_error else None,
-            **settings.producer_config(),
-        ).start()
+        producer_config = settings.producer_config()
+        with reaching_kafka(settings.bootstrap_servers, producer_config):  # KafkaUnreachable: one line
+            results_writer = KafkaWriter(
+                settings.bootstrap_servers,
+                settings.results_topic,
+                durable=True,
+                on_error=(lambda: on_output_error("results_topic")) if on_output_error else None,
+                **producer_config,
+            ).start()
         sinks.append(ResultsTopic(results_writer))
     return Outputs(sinks, results_writer, tracer_provider, logger_provider)
 
@@ -153,7 +184,11 @@ class App:
         return f"http://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{port}/metrics"
 
     def run(self) -> None:
+        """Connect (KafkaUnreachable if the brokers do not answer), then consume until stopped."""
         try:
+            self.service.connect()
+            if self.metrics_url is not None:
+                logger.info("metrics at %s", self.metrics_url)
             self.service.run()
         finally:
             self.close()
@@ -181,22 +216,41 @@ def build_app(
     redactor: Redactor | None = None,
 ) -> App:
     registry = registry if registry is not None else CollectorRegistry()
-    prometheus = ConsumerMetrics(
-        registry,
-        max_agents=settings.max_agents,
-        window_sessions=settings.window_sessions,
-        window_seconds=settings.window_seconds,
-        calibration=load_hallucination_calibration(settings.calibration) if settings.calibration else None,
-    )
-    outputs = build_outputs(
-        settings,
-        tracer_provider=tracer_provider,
-        logger_provider=logger_provider,
-        on_output_error=prometheus.record_output_error,
-    )
-    sinks = [*(extra_sinks or []), *outputs.sinks]
-    service = ConsumerService(settings, build_judges(settings, judge, redactor), prometheus, sinks=sinks)
     http_server = None
-    if serve_metrics:
-        http_server, _thread = start_http_server(settings.metrics_port, settings.metrics_host, registry=registry)
+    if serve_metrics:  # first: a port in use is one line before anything connects
+        http_server = serve_metrics_endpoint(settings, registry)
+    try:
+        prometheus = ConsumerMetrics(
+            registry,
+            max_agents=settings.max_agents,
+            window_sessions=settings.window_sessions,
+            window_seconds=settings.window_seconds,
+            calibration=load_hallucination_calibration(settings.calibration) if settings.calibration else None,
+        )
+        outputs = build_outputs(
+            settings,
+            tracer_provider=tracer_provider,
+            logger_provider=logger_provider,
+            on_output_error=prometheus.record_output_error,
+        )
+        sinks = [*(extra_sinks or []), *outputs.sinks]
+        service = ConsumerService(settings, build_judges(settings, judge, redactor), prometheus, sinks=sinks)
+    except BaseException:
+        if http_server is not None:
+            http_server.shutdown()
+            http_server.server_close()
+        raise
     return App(settings, service, registry, prometheus, outputs, http_server)
+
+
+def serve_metrics_endpoint(settings: Settings, registry: CollectorRegistry) -> Any:
+    """The /metrics HTTP server; MetricsPortUnavailable (a configuration error) when it cannot listen there."""
+    try:
+        http_server, _thread = start_http_server(settings.metrics_port, settings.metrics_host, registry=registry)
+    except OSError as exc:
+        raise MetricsPortUnavailable(
+            f"invalid configuration: --metrics-port / TRACEJUDGE_METRICS_PORT: cannot listen on "
+            f"{settings.metrics_host}:{settings.metrics_port}: {exc.strerror or exc} (another process may hold the "
+            "port; pick a free one)"
+        ) from None
+    return http_server

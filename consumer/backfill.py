@@ -5,6 +5,11 @@ pipeline (`pipeline.py`: the same ingest guard, dead-letter topic, assembly, jud
 timestamps as the clock: a conversation gets the same versions, hence the same result ids, as live. Judges those that
 complete inside the range, reports those still open at --to, and skips conversations whose result id is already in the
 results topic unless --rejudge.
+
+Its verdicts go only to the results topic and OTLP (its Prometheus registry is not served), so without either it
+refuses to start (exit 2) instead of paying for verdicts it would throw away. `--dry-run` reads the range the same way,
+calls no judge, and prints how many conversations it would judge and what that would cost, estimated from LiteLLM's
+price for the judge model and the tokens of the prompts the judges would be sent.
 """
 
 from __future__ import annotations
@@ -31,6 +36,8 @@ LATENESS_MS = 5 * 60_000
 # Empty polls in a row (0.5 s each) after which reading stops; the partitions not read to the end are reported.
 MAX_IDLE_POLLS = 20
 EXIT_INCOMPLETE = 1
+# --dry-run's estimate of a verdict's length (JSON: label, evidence, reason), in output tokens per judge call.
+ESTIMATED_OUTPUT_TOKENS = 200
 
 
 def parse_time(text: str) -> datetime:
@@ -61,7 +68,11 @@ class BackfillReport:
     scanned: int = 0  # records fetched, in the range or not
     unread_partitions: list[int] = field(default_factory=list)  # not read to the end of the range
     sink_errors: int = 0
-    selected: int = 0  # sent to the judges
+    selected: int = 0  # sent to the judges (with --dry-run: that would be sent)
+    dry_run: bool = False
+    estimated_input_tokens: int = 0  # --dry-run: the prompts' tokens, every judge call of every selected conversation
+    estimated_output_tokens: int = 0
+    estimated_cost_usd: float | None = None  # --dry-run: None when LiteLLM has no price for the judge model
 
 
 def _existing_result_ids(consumer_factory: Any, bootstrap: str, topic: str, config: dict[str, Any]) -> set[str]:
@@ -195,10 +206,23 @@ def _selector(namespace: argparse.Namespace, settings: Any, existing: set[str], 
     return select
 
 
+def _refuse_without_output(namespace: argparse.Namespace, settings: Any) -> bool:
+    """Backfill's verdicts go to the results topic and OTLP only: without either, judging would spend for nothing."""
+    if namespace.dry_run or settings.results_topic or settings.otlp_endpoint:
+        return False
+    print(
+        "tracejudge backfill: no output for the verdicts: give --results-topic or --otlp-endpoint (backfill's "
+        "Prometheus metrics are not served), or --dry-run to count the conversations and estimate the judge cost",
+        file=sys.stderr,
+    )
+    return True
+
+
 def run_backfill(namespace: argparse.Namespace) -> int:
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     from ._logging import configure_logging
     from .flags import settings_from_args
+    from .service import StartupError
 
     try:
         start, end = parse_time(namespace.start), parse_time(namespace.end)
@@ -215,37 +239,223 @@ def run_backfill(namespace: argparse.Namespace) -> int:
         print("tracejudge backfill: --sample-rate must be within 0..1", file=sys.stderr)
         return EXIT_USAGE
     settings = settings_from_args(namespace)
+    if _refuse_without_output(namespace, settings):
+        return EXIT_USAGE
     configure_logging(settings.log_level, settings.log_format)
+    if not getattr(namespace, "dry_run", False):  # a dry run judges nothing: no judge check
+        from .judge_check import refuse_judge
+
+        refused = refuse_judge(settings)
+        if refused is not None:
+            return refused
+    try:
+        return _backfill(namespace, settings, start, end)
+    except StartupError as exc:
+        print(f"tracejudge backfill: {exc}", file=sys.stderr)
+        return exc.exit_code
+
+
+def _connect(settings: Any) -> Any:
+    """The reading consumer (no group, no commits); KafkaUnreachable when the brokers do not answer."""
     from kafka import KafkaConsumer
+
+    from .service import reaching_kafka
+
+    config = {"enable_auto_commit": False, **settings.consumer_config()}
+    with reaching_kafka(settings.bootstrap_servers, config):
+        return KafkaConsumer(bootstrap_servers=settings.bootstrap_servers, **config)
+
+
+def _backfill(namespace: argparse.Namespace, settings: Any, start: datetime, end: datetime) -> int:
+
+    consumer = _connect(settings)  # first: a broker that is down is one line before anything else is set up
+    try:
+        if namespace.dry_run:
+            return _dry_run(namespace, settings, consumer, start, end)
+        return _judge_range(namespace, settings, consumer, start, end)
+    finally:
+        consumer.close()
+
+
+def _existing(namespace: argparse.Namespace, settings: Any) -> set[str]:
+    from kafka import KafkaConsumer
+
+    if not settings.results_topic or namespace.rejudge:
+        return set()
+    return _existing_result_ids(
+        KafkaConsumer, settings.bootstrap_servers, settings.results_topic, settings.consumer_config()
+    )
+
+
+def _dry_run(namespace: argparse.Namespace, settings: Any, consumer: Any, start: datetime, end: datetime) -> int:
+    """Read the range as a backfill would, judge nothing; count what would be judged and estimate its cost."""
+    from prometheus_client import CollectorRegistry
+    from rich.console import Console
+
+    from .emit.prometheus import ConsumerMetrics
+
+    report = BackfillReport(dry_run=True)
+    start_ms, end_ms = int(start.timestamp() * 1000), int(end.timestamp() * 1000)
+    select = _selector(namespace, settings, _existing(namespace, settings), report)
+    estimate = CostEstimate(settings)
+
+    def would_judge(job: JudgeJob) -> bool:
+        if select(job):
+            estimate.add(job)
+        return False  # never to the judges: out as sampled out, to no sink
+
+    # No judges (the pool is never started), no sinks, no dead-letter topic: a dry run writes nothing anywhere.
+    pipeline = Pipeline(settings, [], ConsumerMetrics(CollectorRegistry()), would_judge, max_open=10**9)
+    read_range(consumer, settings.topic, start_ms, end_ms, pipeline, report)
+    pipeline.ingest.expire(end_ms / 1000)
+    pipeline.dispatch()
+    pipeline.drain()
+    pipeline.pool.stop(0)
+    report.still_open = list(pipeline.store.open)
+    estimate.fill(report)
+    console = Console()
+    console.print(_table(f"backfill --dry-run {start.isoformat()} → {end.isoformat()}", report, dry_run=True))
+    calls = report.selected * len(settings.metrics)
+    if report.estimated_cost_usd is None:
+        cost = f"unknown: LiteLLM has no price for {settings.judge_model!r} ({estimate.price_error})"
+    else:
+        cost = f"${report.estimated_cost_usd:.4f}"
+    console.print(
+        f"dry run: would judge {report.selected} conversations ({calls} judge calls with {settings.judge_model}); "
+        f"estimated judge cost: {cost}"
+    )
+    console.print(
+        f"(an estimate: LiteLLM's price for {settings.judge_model} × the {report.estimated_input_tokens} tokens of the "
+        f"prompts the judges would be sent, counted by LiteLLM, plus ~{ESTIMATED_OUTPUT_TOKENS} output tokens a call; "
+        "retries and prompt caching are not counted. No judge was called.)"
+    )
+    return _finish(report, settings, [])
+
+
+class CostEstimate:
+    """Tokens of the prompts the judges would be sent for each selected conversation, priced with LiteLLM's list.
+
+    The prompts are built by the metrics' own `build_messages` (rubric, transcript within its token budget, redaction
+    as configured); nothing here calls a judge."""
+
+    def __init__(self, settings: Any) -> None:
+        from tracejudge.tracer.redact import redact_pii
+
+        from .app import METRIC_CLASSES
+
+        self.model = settings.judge_model
+        redactor = redact_pii if settings.redact else None
+        self.prompts = [METRIC_CLASSES[name](self.model, redactor=redactor) for name in settings.metrics]
+        self.input_tokens = 0
+        self.calls = 0
+        self.price_error = ""
+
+    def add(self, job: JudgeJob) -> None:
+        import litellm
+
+        from tracejudge.metrics import ConversationalEvalTestCase, EvalTestCase
+
+        case = ConversationalEvalTestCase(
+            name=job.conversation_id,
+            turns=[EvalTestCase(input=t.input or "", actual_output=t.output or "") for t in job.judgeable_turns],
+        )
+        for prompt in self.prompts:
+            self.input_tokens += litellm.token_counter(model=self.model, messages=prompt.build_messages(case))
+            self.calls += 1
+
+    def fill(self, report: BackfillReport) -> None:
+        import litellm
+
+        report.estimated_input_tokens = self.input_tokens
+        report.estimated_output_tokens = self.calls * ESTIMATED_OUTPUT_TOKENS
+        litellm.suppress_debug_info = True  # an unknown model would print LiteLLM's provider list
+        try:
+            prompt_usd, output_usd = litellm.cost_per_token(
+                model=self.model,
+                prompt_tokens=report.estimated_input_tokens,
+                completion_tokens=report.estimated_output_tokens,
+            )
+        except Exception as exc:
+            self.price_error = str(exc).splitlines()[0][:200]
+            report.estimated_cost_usd = None
+            return
+        report.estimated_cost_usd = float(prompt_usd + output_usd)
+
+
+def _table(title: str, report: BackfillReport, *, dry_run: bool = False) -> Any:
+    from rich.table import Table
+
+    table = Table(title=title)
+    table.add_column("what")
+    table.add_column("count", justify="right")
+    judged: tuple[tuple[str, int], ...] = (
+        (("would be judged", report.selected),) if dry_run else (("judged", report.judged), ("failed", report.failed))
+    )
+    for name, value in (
+        ("records read", report.records),
+        ("malformed records", report.malformed),
+        ("conversations complete in range", report.complete),
+        *judged,
+        ("already judged (results topic)", report.skipped_existing),
+        ("sampled out", report.sampled_out),
+        *(() if dry_run else (("skipped for budget", report.skipped_budget),)),
+        ("other agents", report.skipped_agent),
+        ("began before --from", report.partial),
+        ("still open at --to (not judged)", len(report.still_open)),
+    ):
+        table.add_row(name, str(value))
+    return table
+
+
+def _finish(report: BackfillReport, settings: Any, judgements: list[Judgement]) -> int:
+    """The lines every run ends with, the summary file (TRACEJUDGE_BACKFILL_SUMMARY) and the exit code."""
+    from rich.console import Console
+
+    console = Console()
+    if report.still_open:
+        console.print("still open at --to: " + ", ".join(sorted(report.still_open)[:20]))
+    if report.sink_errors:
+        console.print(f"result sinks failed {report.sink_errors} times (see the log)")
+    if report.unread_partitions:
+        console.print(
+            f"INCOMPLETE: partitions {report.unread_partitions} of {settings.topic!r} were not read to the end of the "
+            f"range (no data after {MAX_IDLE_POLLS} empty polls); exit {EXIT_INCOMPLETE}"
+        )
+    summary_path = os.environ.get("TRACEJUDGE_BACKFILL_SUMMARY")
+    if summary_path:
+        with open(summary_path, "w", encoding="utf-8") as handle:
+            json.dump(report.__dict__ | {"judged_ids": sorted(j.job.conversation_id for j in judgements)}, handle)
+    return EXIT_INCOMPLETE if report.unread_partitions else 0
+
+
+def _judge_range(namespace: argparse.Namespace, settings: Any, consumer: Any, start: datetime, end: datetime) -> int:
     from prometheus_client import CollectorRegistry
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-    from rich.table import Table
 
     from .app import build_judges, build_outputs
     from .emit import KafkaWriter
     from .emit.prometheus import ConsumerMetrics
+    from .service import reaching_kafka
 
     console = Console()
     report = BackfillReport()
     start_ms, end_ms = int(start.timestamp() * 1000), int(end.timestamp() * 1000)
-    existing = set()
-    if settings.results_topic and not namespace.rejudge:
-        existing = _existing_result_ids(
-            KafkaConsumer, settings.bootstrap_servers, settings.results_topic, settings.consumer_config()
-        )
+    existing = _existing(namespace, settings)
     prometheus = ConsumerMetrics(CollectorRegistry(), max_agents=settings.max_agents)
     outputs = build_outputs(
         settings, service_name="tracejudge-backfill", on_output_error=prometheus.record_output_error
     )
     dead_letter = None
     if settings.dead_letter_topic:
-        dead_letter = KafkaWriter(
-            settings.bootstrap_servers,
-            settings.dead_letter_topic,
-            on_error=lambda: prometheus.record_output_error("dead_letter"),
-            **settings.producer_config(),
-        ).start()
+        producer_config = settings.producer_config()
+        with reaching_kafka(settings.bootstrap_servers, producer_config):
+            dead_letter = KafkaWriter(
+                settings.bootstrap_servers,
+                settings.dead_letter_topic,
+                on_error=lambda: prometheus.record_output_error("dead_letter"),
+                **producer_config,
+            ).start()
     # Feedback agreement is not joined: its retention runs on wall time, and backfill's registry is thrown away.
     pipeline = Pipeline(
         settings,
@@ -261,13 +471,7 @@ def run_backfill(namespace: argparse.Namespace) -> int:
         finished.append(judgement) if judgement.outcome != OUTCOME_SAMPLED_OUT else None
     )
     pipeline.pool.start()
-    consumer = KafkaConsumer(
-        bootstrap_servers=settings.bootstrap_servers, enable_auto_commit=False, **settings.consumer_config()
-    )
-    try:
-        read_range(consumer, settings.topic, start_ms, end_ms, pipeline, report)
-    finally:
-        consumer.close()
+    read_range(consumer, settings.topic, start_ms, end_ms, pipeline, report)
     # Conversations that went quiet for the idle timeout before --to are complete; the rest are still open.
     pipeline.ingest.expire(end_ms / 1000)
     pipeline.dispatch()
@@ -311,36 +515,6 @@ def run_backfill(namespace: argparse.Namespace) -> int:
         else:
             report.failed += 1
         report.cost_usd += sum(r.cost_usd or 0 for r in judgement.results)
-    table = Table(title=f"backfill {start.isoformat()} → {end.isoformat()}")
-    table.add_column("what")
-    table.add_column("count", justify="right")
-    for name, value in (
-        ("records read", report.records),
-        ("malformed records", report.malformed),
-        ("conversations complete in range", report.complete),
-        ("judged", report.judged),
-        ("failed", report.failed),
-        ("already judged (results topic)", report.skipped_existing),
-        ("sampled out", report.sampled_out),
-        ("skipped for budget", report.skipped_budget),
-        ("other agents", report.skipped_agent),
-        ("began before --from", report.partial),
-        ("still open at --to (not judged)", len(report.still_open)),
-    ):
-        table.add_row(name, str(value))
-    console.print(table)
+    console.print(_table(f"backfill {start.isoformat()} → {end.isoformat()}", report))
     console.print(f"judge cost: ${report.cost_usd:.4f}")
-    if report.still_open:
-        console.print("still open at --to: " + ", ".join(sorted(report.still_open)[:20]))
-    if report.sink_errors:
-        console.print(f"result sinks failed {report.sink_errors} times (see the log)")
-    if report.unread_partitions:
-        console.print(
-            f"INCOMPLETE: partitions {report.unread_partitions} of {settings.topic!r} were not read to the end of the "
-            f"range (no data after {MAX_IDLE_POLLS} empty polls); exit {EXIT_INCOMPLETE}"
-        )
-    summary_path = os.environ.get("TRACEJUDGE_BACKFILL_SUMMARY")
-    if summary_path:
-        with open(summary_path, "w", encoding="utf-8") as handle:
-            json.dump(report.__dict__ | {"judged_ids": sorted(j.job.conversation_id for j in judgements)}, handle)
-    return EXIT_INCOMPLETE if report.unread_partitions else 0
+    return _finish(report, settings, judgements)

@@ -58,6 +58,7 @@ CALIBRATE_OPTIONS = frozenset(
         "max_cost_per_hour",
         "judge_timeout",
         "judge_retries",
+        "judge_check",
         "threshold",
         "redact",
         "log_format",
@@ -407,6 +408,12 @@ def run_calibrate(namespace: argparse.Namespace, judge: str | CustomLLMClient | 
         return _usage(str(exc))
     configure_logging(settings.log_level, settings.log_format)
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    if judge is None:  # a model string: checked (and LiteLLM imported) before the first item is judged
+        from .judge_check import refuse_judge
+
+        refused = refuse_judge(settings)
+        if refused is not None:
+            return refused
     try:
         judges = build_judges(settings, judge)
     except ValueError as exc:  # e.g. an empty judge model name

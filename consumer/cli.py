@@ -1,6 +1,7 @@
 """`tracejudge` command line: consume, demo, backfill, calibrate.
 
-Invalid configuration: one clear line and exit code 2, before any I/O.
+Invalid configuration: one clear line and exit code 2, before any I/O. What stops a start that the user can fix (a
+metrics port in use: 2; Kafka not answering within `bootstrap_timeout_ms`: 69) is one line too, never a traceback.
 """
 
 from __future__ import annotations
@@ -37,18 +38,27 @@ def cmd_consume(namespace: argparse.Namespace) -> int:
         return EXIT_USAGE
     configure_logging(settings.log_level, settings.log_format)
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    from .judge_check import refuse_judge
+
+    refused = refuse_judge(settings)  # before any I/O: the judge can answer, and LiteLLM's import is paid now
+    if refused is not None:
+        return refused
     from .app import build_app
+    from .service import StartupError
 
-    app = build_app(settings)
+    try:
+        app = build_app(settings)
 
-    def stop(signum: int, _frame: Any) -> None:
-        logging.getLogger("tracejudge.consumer").info("signal %d: draining and stopping", signum)
-        app.service.request_stop()
+        def stop(signum: int, _frame: Any) -> None:
+            logging.getLogger("tracejudge.consumer").info("signal %d: draining and stopping", signum)
+            app.service.request_stop()
 
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    logging.getLogger("tracejudge.consumer").info("metrics at %s", app.metrics_url)
-    app.run()
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, stop)
+        app.run()
+    except StartupError as exc:
+        print(f"tracejudge: {exc}", file=sys.stderr)
+        return exc.exit_code
     return 0
 
 
@@ -73,6 +83,23 @@ def cmd_backfill(namespace: argparse.Namespace) -> int:
     return run_backfill(namespace)
 
 
+# Consumer flags that mean nothing to backfill: no group or commits, no /metrics served (its registry is discarded),
+# no backpressure (the range is read once), its own --sample-rate, and no calibrated rates.
+BACKFILL_SKIPS = (
+    "group_id",
+    "start_from",
+    "sample_rate",
+    "calibration",
+    "metrics_host",
+    "metrics_port",
+    "max_agents",
+    "window_sessions",
+    "window_seconds",
+    "max_open_conversations",
+    "commit_interval",
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tracejudge", description="Judge live LLM-agent conversations from Kafka.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -82,7 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo = commands.add_parser("demo", help="the whole pipeline on an embedded broker with a scripted agent")
     add_consumer_flags(
         demo,
-        skip=("topic", "group_id", "start_from", "session_idle_timeout", "calibration"),
+        skip=("topic", "group_id", "start_from", "session_idle_timeout", "calibration", "judge_check"),
         defaults={
             "bootstrap_servers": "an embedded broker",
             "judge_model": "a scripted judge",
@@ -116,7 +143,13 @@ def build_parser() -> argparse.ArgumentParser:
     backfill.add_argument(
         "--rejudge", action="store_true", help="judge again what the results topic already has (default off)"
     )
-    add_consumer_flags(backfill, skip=("group_id", "start_from", "sample_rate", "calibration"))
+    backfill.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="read the range, call no judge: print how many conversations would be judged and the estimated "
+        "judge cost (default off)",
+    )
+    add_consumer_flags(backfill, skip=BACKFILL_SKIPS)
     backfill.set_defaults(handler=cmd_backfill)
     from .calibrate import CALIBRATE_OPTIONS, add_arguments
 
@@ -128,6 +161,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # The command's own process, so LiteLLM's switches may be defaulted here (never in the library): the bundled
+    # cost map and Anthropic beta headers instead of a blocking fetch at import or on the first Claude call.
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    os.environ.setdefault("LITELLM_LOCAL_ANTHROPIC_BETA_HEADERS", "True")
     parser = build_parser()
     namespace = parser.parse_args(argv)
     return int(namespace.handler(namespace))

@@ -351,6 +351,7 @@ def run_demo(namespace: argparse.Namespace) -> int:
         console.print(f"\n[bold]/metrics:[/bold] {app.metrics_url}")
         if judge is not None:
             console.print(f"[yellow]{SCRIPTED_NOTICE}[/yellow]")
+        console.print(closing_text(scripted=judge is not None), highlight=False, soft_wrap=True)
         summary_path = os.environ.get("TRACEJUDGE_DEMO_SUMMARY")
         if summary_path:
             with open(summary_path, "w", encoding="utf-8") as handle:
@@ -369,6 +370,80 @@ def run_demo(namespace: argparse.Namespace) -> int:
     finally:
         if broker is not None:
             broker.stop()
+
+
+SUMMARY_COLUMNS = ("agent", "judged", "failed", "hallucination rate", "flow score")
+# Every number the demo prints, explained at its end (tests/demo checks each column of the summary is here).
+WHAT_THE_NUMBERS_MEAN = (
+    ("judged", 'conversations both judges scored (tracejudge_sessions_total{outcome="judged"})'),
+    (
+        "failed",
+        "conversations a judge could not score (timeout, provider error, an answer outside the labels): counted "
+        "with a reason in tracejudge_judge_errors_total, never given a score",
+    ),
+    (
+        "hallucination rate",
+        "share of the agent's recent judged conversations (last 100, within 15 min) whose Failure Rate verdict is "
+        "hallucination: 0.00 is none, 1.00 is all (tracejudge_hallucination_rate)",
+    ),
+    (
+        "flow score",
+        "mean Conversational Flow score over the same window: fully 1.0, mostly 0.9, partial 0.7, minor 0.3, "
+        "none 0.0; 0.7 and above passes (tracejudge_flow_score)",
+    ),
+    (
+        "verdicts",
+        "every label a judge gave, per agent and metric (tracejudge_verdicts_total): the counts behind both rates",
+    ),
+    ("judge calls / cost", "LLM calls made and their price as LiteLLM reports it (a scripted judge costs $0)"),
+)
+
+TRY_NEXT = (
+    (
+        "Your own agent, end to end (the README's five-minute path)",
+        (
+            "tracejudge broker     # terminal 1: a local Kafka (the embedded Tansu) on 127.0.0.1:9092",
+            "OPENAI_BASE_URL=http://127.0.0.1:8000/v1 OPENAI_API_KEY=placeholder \\",
+            "  tracejudge consume --bootstrap-servers 127.0.0.1:9092 --judge-model MODEL  # terminal 2, wait for ready",
+            "TRACEJUDGE_KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:9092 python examples/support_agent.py   # terminal 3",
+            "curl -s http://127.0.0.1:9464/metrics | grep tracejudge_verdicts_total",
+        ),
+    ),
+    (
+        "This demo with a real LLM as the judge",
+        (
+            "OPENAI_API_KEY=sk-... tracejudge demo --judge-model gpt-4o-mini",
+            "(or OPENAI_BASE_URL + a placeholder OPENAI_API_KEY for a local OpenAI-compatible server)",
+        ),
+    ),
+    (
+        "Prometheus and Grafana",
+        (
+            "tracejudge demo --serve     # keeps /metrics up until Ctrl-C; point a Prometheus scrape job at it",
+            "cd deploy && docker compose up --build     # Kafka, consumer, Prometheus + alerts, Grafana dashboard",
+        ),
+    ),
+    (
+        "How far to trust the judge",
+        ("tracejudge calibrate --judge-model gpt-4o-mini   # accuracy and kappa against the built-in gold set",),
+    ),
+)
+
+
+def closing_text(*, scripted: bool) -> str:
+    """The demo's last words: what each number above means and what to run next (tested in tests/demo)."""
+    lines = ["", "[bold]What the numbers mean[/bold]"]
+    lines += [f"  [bold]{name}[/bold]: {meaning}" for name, meaning in WHAT_THE_NUMBERS_MEAN]
+    if scripted:
+        lines.append(
+            "  With the scripted judge the verdicts are each scenario's intended label, so the rates show what the "
+            "pipeline computes, not how good an LLM judge is."
+        )
+    lines += ["", "[bold]What to try next[/bold]"]
+    for title, commands in TRY_NEXT:
+        lines.append(f"  [bold]{title}[/bold]")
+        lines += [f"    {command}" for command in commands]
+    return "\n".join(lines)
 
 
 def given_kafka_config(namespace: argparse.Namespace) -> dict[str, Any]:
@@ -391,7 +466,7 @@ def _print_summary(console: Any, summary: dict[str, dict[str, Any]], registry: A
     from .emit.prometheus import family_total
 
     table = table_cls(title="tracejudge demo: per agent")
-    for column in ("agent", "judged", "failed", "hallucination rate", "flow score"):
+    for column in SUMMARY_COLUMNS:
         table.add_column(column, no_wrap=True)
     for agent, row in summary.items():
         rate, flow = row["hallucination_rate"], row["flow_score"]

@@ -15,6 +15,7 @@ from pydantic import ValidationError
 from .settings import Settings
 
 EXIT_USAGE = 2
+EXIT_JUDGE_UNAVAILABLE = 3  # the startup judge check got no answer (auth, unknown model, server down)
 
 # flag → Settings field (flag names are a contract; the field gives help, environment variable and default).
 CONSUMER_FLAGS: list[tuple[str, str, dict[str, Any]]] = [
@@ -43,6 +44,7 @@ CONSUMER_FLAGS: list[tuple[str, str, dict[str, Any]]] = [
     ("--redact", "redact", {"action": argparse.BooleanOptionalAction}),
     ("--shutdown-grace", "shutdown_grace", {"metavar": "SECONDS"}),
     ("--judge-timeout", "judge_timeout", {"metavar": "SECONDS"}),
+    ("--judge-check", "judge_check", {"action": argparse.BooleanOptionalAction}),
     ("--judge-retries", "judge_retries", {}),
     ("--threshold", "threshold", {}),
     ("--max-open-conversations", "max_open_conversations", {}),

@@ -9,6 +9,7 @@ else here runs on the poll thread.
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any
 
 from kafka import AsyncConsumerRebalanceListener, KafkaConsumer, TopicPartition
@@ -30,6 +31,7 @@ class Partitions(AsyncConsumerRebalanceListener):
         self.paused = False
         self._committed: dict[int, int] = {}
         self._lag_reported: set[int] = set()
+        self.assigned = threading.Event()  # set at the first assignment of one of the topic's partitions: "ready"
 
     # -- rebalance (kafka-python's IO thread, the poll thread waiting) -----------------------------------------------
 
@@ -43,7 +45,12 @@ class Partitions(AsyncConsumerRebalanceListener):
         await self._revoked(self._mine(lost), commit=False)  # evicted: a commit would be refused
 
     async def on_partitions_assigned(self, assigned: Any) -> None:
-        logger.info("partitions assigned: %s", sorted(tp.partition for tp in assigned))
+        mine = sorted(self._mine(assigned))
+        if mine and not self.assigned.is_set():
+            self.assigned.set()
+            logger.info("ready: consuming partitions %s of %r", mine, self.topic)
+        else:
+            logger.info("partitions assigned: %s", mine)
         if self.paused and self.consumer is not None and assigned:
             self.consumer.pause(*assigned)  # backpressure holds across a rebalance: new partitions start paused
 

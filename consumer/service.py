@@ -11,16 +11,19 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
-from kafka import KafkaConsumer, KafkaProducer
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import KafkaAdminClient
 
 from tracejudge.metrics import HolisticJudgeMetric
 
+from ._errors import ConsumerError
+from ._logging import quiet_kafka_connections
 from .delivery import Delivery, JudgementSink
-from .emit.prometheus import ConsumerMetrics
+from .emit.prometheus import OUTCOMES, ConsumerMetrics, family_total
 from .feedback import FeedbackJoiner
 from .pool import JudgePool
 from .sampling import Sampler
@@ -33,7 +36,47 @@ from .streams.topics import InternalTopics, ensure_internal_topics, partitions_o
 logger = logging.getLogger("tracejudge.consumer")
 LAG_INTERVAL_S = 0.5
 
+EXIT_UNAVAILABLE = 69  # sysexits' EX_UNAVAILABLE: a service the command needs (Kafka) did not answer
+
 __all__ = ["ConsumerService", "JudgementSink"]
+
+
+def outcome_summary(prometheus: ConsumerMetrics) -> str:
+    """This run's conversations by outcome, read from tracejudge_sessions_total: the log says what /metrics says."""
+    count = {o: int(family_total(prometheus.registry, "tracejudge_sessions", outcome=o)) for o in OUTCOMES}
+    return (
+        f"{count['judged']} conversations judged, {count['failed']} failed, {count['sampled_out']} sampled out, "
+        f"{count['skipped_budget']} skipped for budget in this run"
+    )
+
+
+class StartupError(ConsumerError):
+    """The command cannot start for a reason the user can fix: the CLI prints it as one line and exits `exit_code`."""
+
+    exit_code = 1
+
+
+class KafkaUnreachable(StartupError):
+    exit_code = EXIT_UNAVAILABLE
+
+
+@contextmanager
+def reaching_kafka(bootstrap_servers: str, config: dict[str, Any] | None = None) -> Iterator[None]:
+    """Around a Kafka client's construction (it connects there): kafka-python's retry lines are dropped, and a
+    broker that does not answer within `bootstrap_timeout_ms` becomes one KafkaUnreachable saying what to check."""
+    from kafka.errors import KafkaConnectionError, KafkaTimeoutError, MetadataEmptyBrokerList, NodeNotReadyError
+
+    timeout_ms = (config or {}).get("bootstrap_timeout_ms")
+    within = f" within {int(timeout_ms) / 1000:g} s" if timeout_ms else ""
+    with quiet_kafka_connections():
+        try:
+            yield
+        except (KafkaTimeoutError, KafkaConnectionError, MetadataEmptyBrokerList, NodeNotReadyError) as exc:
+            raise KafkaUnreachable(
+                f"cannot reach Kafka at {bootstrap_servers}{within} ({type(exc).__name__}): check "
+                "--bootstrap-servers / TRACEJUDGE_KAFKA_BOOTSTRAP_SERVERS and that the brokers are up "
+                "(wait longer with --kafka-config bootstrap_timeout_ms=MS)"
+            ) from None
 
 
 class ConsumerService:
@@ -55,6 +98,7 @@ class ConsumerService:
         self.producer_factory = producer_factory
         self.feedback = FeedbackJoiner(prometheus.record_agreement)
         self.sampler = Sampler(settings.sample_rate, settings.agent_sample_rates)
+        self._connected = False
         self.delivery = Delivery(prometheus, sinks, feedback=self.feedback)
         self.pool = JudgePool(
             judges,
@@ -82,6 +126,12 @@ class ConsumerService:
             self.assembler.request_stop()
 
     # -- setup -----------------------------------------------------------------------------------------------------
+
+    def _select(self, job: Any) -> bool:
+        if not self.sampler.should_judge(job):
+            return False
+        self.prometheus.record_submitted()  # TracejudgeJudgeStalled: submitted, and neither verdicts nor errors
+        return True
 
     def _partitions(self) -> int:
         probe = self.consumer_factory(
@@ -112,8 +162,19 @@ class ConsumerService:
 
     # -- run -------------------------------------------------------------------------------------------------------
 
-    def run(self) -> None:
+    def connect(self) -> None:
+        """Connect, create the internal topics and subscribe (the groups are joined by the first polls). Raises
+        KafkaUnreachable when the brokers do not answer within `bootstrap_timeout_ms`."""
+        if self._connected:
+            return
         settings = self.settings
+        with reaching_kafka(settings.bootstrap_servers, settings.consumer_config()):
+            self._open(settings)
+        self._connected = True
+        if self.assembler is not None:
+            self._announce_join(self.assembler.group)
+
+    def _open(self, settings: Settings) -> None:
         partitions = self._partitions()
         self._ensure_topics(partitions)
         if settings.role in ("all", "judge"):
@@ -137,12 +198,16 @@ class ConsumerService:
                 settings,
                 self.prometheus,
                 self.instruments,
-                self.sampler.should_judge,
+                self._select,
                 partitions=partitions,
                 consumer_factory=self.consumer_factory,
                 producer_factory=self.producer_factory,
             )
             self.assembler.open()
+
+    def run(self) -> None:
+        self.connect()
+        settings = self.settings
         logger.info(
             "consuming %r as group %r from %s (role %s; internal topics %s)",
             settings.topic,
@@ -160,6 +225,41 @@ class ConsumerService:
                     self._note_assigned()
         finally:
             self._shutdown()
+
+    def _announce_join(self, consumer: Any) -> None:
+        """Say before the (possibly long) group join what a new group means: records produced before its partitions
+        are assigned are skipped under --start-from latest. "ready" follows once partitions are assigned."""
+        settings = self.settings
+        where = f"topic {settings.topic!r} as group {settings.group_id!r} on {settings.bootstrap_servers}"
+        committed = self._group_has_commits(consumer)
+        if committed is False and settings.start_from == "latest":
+            logger.warning(
+                "joining %s: the group has no committed offsets, so it starts at the end of the topic. Joining can "
+                "take a while (~20 s on some brokers); records produced before its partitions are assigned are "
+                'skipped with --start-from latest (use --start-from earliest to read them). "ready" follows once '
+                "partitions are assigned",
+                where,
+            )
+        elif committed is False:
+            logger.info(
+                "joining %s: the group has no committed offsets; it reads the topic from the beginning once its "
+                "partitions are assigned (joining can take a while, ~20 s on some brokers)",
+                where,
+            )
+        else:
+            logger.info('joining %s; "ready" follows once partitions are assigned', where)
+
+    def _group_has_commits(self, consumer: Any) -> bool | None:
+        """Whether the group committed an offset on any partition of the topic; None when that cannot be told."""
+        try:
+            partitions = sorted(consumer.partitions_for_topic(self.settings.topic) or ())
+            for partition in partitions:
+                if consumer.committed(TopicPartition(self.settings.topic, partition), timeout_ms=5_000) is not None:
+                    return True
+            return False if partitions else None  # no such topic (yet): nothing to say about its offsets
+        except Exception as exc:
+            logger.debug("could not read the group's committed offsets: %r", exc)
+            return None
 
     def _note_assigned(self) -> None:
         if self.assigned.is_set():
@@ -217,14 +317,7 @@ class ConsumerService:
         if self.judge_worker is not None:
             if not self.judge_worker.close(max(0.5, grace_end - time.monotonic())):
                 logger.warning("judgements still running after the %.0fs grace period are left uncommitted", grace)
-        delivery = self.delivery
-        logger.info(
-            "stopped: %d conversations judged, %d failed, %d sampled out, %d skipped for budget in this run",
-            delivery.outcomes.get("judged", 0),
-            delivery.outcomes.get("failed", 0),
-            delivery.outcomes.get("sampled_out", 0),
-            delivery.outcomes.get("skipped_budget", 0),
-        )
+        logger.info("stopped: %s", outcome_summary(self.prometheus))
 
     # -- introspection for tests and benchmarks --------------------------------------------------------------------
 

@@ -10,6 +10,9 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from tracejudge.tracer.kafka_options import check_kafka_options
 
 KNOWN_METRICS = ("failure_rate", "conversational_flow")
+# How long the first connection to the brokers may take before the command stops with one line (kafka-python's own
+# default is 30 s of retries); `--kafka-config bootstrap_timeout_ms=MS` changes it.
+BOOTSTRAP_TIMEOUT_MS = 5_000
 
 
 def _env(name: str, default: Any, description: str) -> Any:
@@ -111,6 +114,11 @@ class Settings(BaseSettings):
         "TRACEJUDGE_SHUTDOWN_GRACE", 30.0, "seconds in-flight judgements get to finish on SIGTERM"
     )
     judge_timeout: float = _env("TRACEJUDGE_JUDGE_TIMEOUT", 60.0, "seconds per judge call attempt")
+    judge_check: bool = _env(
+        "TRACEJUDGE_JUDGE_CHECK",
+        True,
+        "one cheap judge call at startup; a judge that cannot answer exits 3 before any record is read",
+    )
     judge_retries: int = _env("TRACEJUDGE_JUDGE_RETRIES", 3, "retries of a failed judge call")
     threshold: float = _env("TRACEJUDGE_THRESHOLD", 0.7, "a score at or above this passes")
     max_open_conversations: int = _env(
@@ -196,6 +204,23 @@ class Settings(BaseSettings):
         check_kafka_options(pairs, set(KafkaConsumer.DEFAULT_CONFIG) | set(KafkaProducer.DEFAULT_CONFIG))
         return pairs
 
+    @field_validator("otlp_endpoint")
+    @classmethod
+    def _otlp_endpoint(cls, value: str | None) -> str | None:
+        """A URL with a scheme and a host (both OTLP protocols take one); anything else would fail every export."""
+        if not value:
+            return None
+        from urllib.parse import urlsplit
+
+        try:
+            parts = urlsplit(value.strip())
+            parts.port  # noqa: B018 -- raises ValueError for a port that is not a number
+        except ValueError as exc:
+            raise ValueError(f"{value!r} is not a URL: {exc}") from None
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"{value!r} is not an http(s) URL such as http://otel-collector:4318")
+        return value.strip()
+
     @field_validator("sample_rate")
     @classmethod
     def _rate(cls, value: float) -> float:
@@ -237,9 +262,11 @@ class Settings(BaseSettings):
     def consumer_config(self) -> dict[str, Any]:
         from kafka import KafkaConsumer
 
-        return {k: v for k, v in self.kafka_config.items() if k in KafkaConsumer.DEFAULT_CONFIG}
+        options = {k: v for k, v in self.kafka_config.items() if k in KafkaConsumer.DEFAULT_CONFIG}
+        return {"bootstrap_timeout_ms": BOOTSTRAP_TIMEOUT_MS, **options}
 
     def producer_config(self) -> dict[str, Any]:
         from kafka import KafkaProducer
 
-        return {k: v for k, v in self.kafka_config.items() if k in KafkaProducer.DEFAULT_CONFIG}
+        options = {k: v for k, v in self.kafka_config.items() if k in KafkaProducer.DEFAULT_CONFIG}
+        return {"bootstrap_timeout_ms": BOOTSTRAP_TIMEOUT_MS, **options}

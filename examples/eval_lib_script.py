@@ -2,13 +2,19 @@
 
 Only the import line changed: it read `from eval_lib import (`. The checks restate eval-ai-library 0.8.2's own tests
 of FailureRateMetric, ConversationalFlowRateMetric and evaluate_conversations (their patched LLM call replaced by a
-CustomLLMClient), then read a batch's results the way a report script does. With OPENAI_BASE_URL set it also judges
-through a model string (LiteLLM) against that OpenAI-compatible server. Prints "all assertions held" on success.
+CustomLLMClient), read a batch's results the way a report script does, then judge one conversation through a model
+string (LiteLLM) against an OpenAI-compatible server. Prints "all assertions held" on success.
+
+It needs that server, and says so in one line (exit 2) when none is configured:
+  OPENAI_API_KEY=sk-... python examples/eval_lib_script.py                      # api.openai.com, gpt-4o-mini
+  OPENAI_BASE_URL=http://127.0.0.1:8000/v1 OPENAI_API_KEY=placeholder JUDGE_MODEL=my-model \\
+    python examples/eval_lib_script.py                                          # vLLM, Ollama, a LiteLLM proxy...
 """
 
 import asyncio
 import json
 import os
+import sys
 
 from tracejudge.metrics.compat import (
     ConversationalEvalTestCase,
@@ -238,31 +244,65 @@ async def batch_report():
     assert failing == [(REFUND.turns[0].input, "failureRateMetric", 0.0, "Invented a policy.")]
 
 
-# ---- The same through a model string, when an OpenAI-compatible judge is configured --------------------------
+# ---- The same through a model string, against the configured OpenAI-compatible server ---------------------------
+
+MODEL = os.environ.get("JUDGE_MODEL", "gpt-4o-mini")
+# The scores each metric can give: a verdict's weight (a real model may pick any label).
+FAILURE_RATE_SCORES = {0.0, 0.4, 0.6, 1.0}
+FLOW_SCORES = {0.0, 0.3, 0.7, 0.9, 1.0}
+NEEDS = (
+    "eval_lib_script.py needs an OpenAI-compatible judge: set OPENAI_API_KEY (any placeholder for a local server), "
+    "OPENAI_BASE_URL for a server other than api.openai.com (e.g. http://127.0.0.1:8000/v1) and JUDGE_MODEL "
+    "(default gpt-4o-mini)"
+)
+
+
+def judge_missing():
+    """Without a key LiteLLM refuses before any request: say what to set instead of failing half-way."""
+    return not os.environ.get("OPENAI_API_KEY")
+
+
+def where():
+    return f"{MODEL} at {os.environ.get('OPENAI_BASE_URL') or 'api.openai.com'}"
 
 
 async def through_a_model_string():
-    failure = FailureRateMetric(model="gpt-4o-mini")
-    flow = ConversationalFlowRateMetric(model="gpt-4o-mini", threshold=0.9)
-    [(_, [result])] = await evaluate_conversations([BILLING], [failure, flow], verbose=False)
-    assert result.success is True
-    assert [(row.name, row.score, row.evaluation_model) for row in result.metrics_data] == [
-        ("failureRateMetric", 1.0, "gpt-4o-mini"),
-        ("conversationalFlowRateMetric", 0.9, "gpt-4o-mini"),
+    failure = FailureRateMetric(model=MODEL)
+    flow = ConversationalFlowRateMetric(model=MODEL, threshold=0.9)
+    try:
+        [(_, [result])] = await evaluate_conversations([BILLING], [failure, flow], verbose=False)
+    except Exception as exc:  # eval_lib aborts the batch on a judge error; say which, in one line
+        raise SystemExit(f"eval_lib_script.py: the judge {where()} failed: {type(exc).__name__}: {exc}") from None
+    rows = result.metrics_data
+    unscored = [row for row in rows if row.score is None]
+    if unscored:
+        raise SystemExit(f"eval_lib_script.py: the judge {where()} gave no verdict: {unscored[0].reason}")
+    assert [(row.name, row.evaluation_model) for row in rows] == [
+        ("failureRateMetric", MODEL),
+        ("conversationalFlowRateMetric", MODEL),
     ]
-    assert all(row.evaluation_cost > 0 for row in result.metrics_data)
+    failure_row, flow_row = rows
+    assert failure_row.score in FAILURE_RATE_SCORES and flow_row.score in FLOW_SCORES
+    assert failure_row.success is (failure_row.score >= 0.7) and flow_row.success is (flow_row.score >= 0.9)
+    assert result.success is (failure_row.success and flow_row.success)
+    assert all(row.evaluation_cost >= 0 and row.reason for row in rows)  # a local server's model is unpriced: 0.0
+    for row in rows:
+        print(f"{row.name}: {row.score} ({row.reason})")
 
 
 async def main():
+    if judge_missing():
+        print(NEEDS, file=sys.stderr)
+        return 2
     await failure_rate_cases()
     await conversational_flow_cases()
     await own_metric_cases()
     await batch_report()
-    if os.environ.get("OPENAI_BASE_URL"):
-        await through_a_model_string()
-        print("model string: ok")
+    await through_a_model_string()
+    print("model string: ok")
     print("all assertions held")
+    return 0
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    sys.exit(asyncio.run(main()))

@@ -19,7 +19,7 @@ FAQ = {
 }
 
 
-@traced_agent("support-bot")
+@traced_agent("support-bot", session_id_arg=None)  # the conversation comes from the block
 def answer(question: str) -> str:
     for keyword, reply in FAQ.items():
         if keyword in question.lower():
@@ -38,7 +38,7 @@ def main() -> None:
         ["What is the airspeed of an unladen swallow?"],
     ]
     for chat in itertools.islice(itertools.cycle(chats), int(os.environ.get("EXAMPLE_CHATS", "1000000"))):
-        with conversation(uuid.uuid4().hex, agent="support-bot"):
+        with conversation(uuid.uuid4().hex, agent="support-bot", end=True):
             for question in chat:
                 print(question, "->", answer(question))
         time.sleep(float(os.environ.get("EXAMPLE_PAUSE_S", "2")))

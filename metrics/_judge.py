@@ -2,22 +2,44 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
+import logging
 import re
+import threading
 import time
-from typing import Any, ClassVar
+from collections.abc import Callable
+from typing import Any, ClassVar, TypeVar
 
 from pydantic import AliasChoices, BaseModel, Field, ValidationError, field_validator
+
+from tracejudge.tracer.rate_limited_log import RateLimitedLog
 
 from ._caching import cacheable_system_prompt
 from ._cases import ConversationalEvalTestCase
 from ._errors import InvalidJudgeAnswer, JudgeCallError
 from ._llm import CustomLLMClient, JudgeBackend, JudgeReply, RetryPolicy, call_with_retries, resolve_backend
 from ._printing import print_metric_result
-from ._results import ERROR_EMPTY_CONVERSATION, ERROR_INTERNAL, ERROR_INVALID_OUTPUT, MetricResult
+from ._results import (
+    ERROR_AUTH,
+    ERROR_BAD_REQUEST,
+    ERROR_CLIENT,
+    ERROR_CONNECTION,
+    ERROR_EMPTY_CONVERSATION,
+    ERROR_INTERNAL,
+    ERROR_INVALID_OUTPUT,
+    ERROR_PREPARE_TIMEOUT,
+    ERROR_RATE_LIMITED,
+    ERROR_SERVER,
+    ERROR_TIMEOUT,
+    MetricResult,
+)
 from .transcript import DEFAULT_BUDGET_TOKENS, Redactor, render_transcript, user_message
 
+logger = logging.getLogger("tracejudge.metrics")
+DEFAULT_PREPARE_TIMEOUT_S = 30.0  # the built-in redactor does an 8 MB record (the consumer's cap) in about 2 s
+_T = TypeVar("_T")
 _FENCE = re.compile(r"```(?:json|JSON)?\s*(.*?)```", re.DOTALL)
 _MAX_EVIDENCE_ITEMS = 20
 _MAX_TEXT = 4_000
@@ -104,6 +126,107 @@ def parse_answer(text: str, labels: frozenset[str]) -> JudgeAnswer:
     raise InvalidJudgeAnswer(problem)
 
 
+# What to do about each failure reason, for the log line that makes a failure heard.
+_ADVICE = {
+    ERROR_AUTH: "check the provider's API key (e.g. OPENAI_API_KEY) and its permissions for this model",
+    ERROR_BAD_REQUEST: "check the judge model name and the provider's message; retrying cannot help",
+    ERROR_CLIENT: "check the judge model string and its provider's configuration",
+    ERROR_CONNECTION: "check that the judge endpoint (e.g. OPENAI_BASE_URL) is reachable",
+    ERROR_SERVER: "the judge's server is failing (retryable): check the provider's status",
+    ERROR_RATE_LIMITED: "the provider is rate-limiting: lower the judge concurrency or requests per minute",
+    ERROR_TIMEOUT: "the judge did not answer in time: raise the judge timeout or check the endpoint",
+    ERROR_INVALID_OUTPUT: "the model does not answer in the verdict format: try a stronger judge model",
+    ERROR_PREPARE_TIMEOUT: "the redactor (or windowing) did not finish: fix the redactor, or turn redaction off",
+    ERROR_INTERNAL: "a tracejudge bug: please report it with this line",
+}
+
+
+class _FailureLogs:
+    """One rate-limited WARNING per (metric, model, reason): a failing judge is heard, yet cannot flood the log.
+    The keys are bounded: metrics and models are configured, reasons a fixed set."""
+
+    def __init__(self, interval_s: float = 60.0) -> None:
+        self.interval_s = interval_s
+        self._logs: dict[tuple[str, str, str], RateLimitedLog] = {}
+        self._lock = threading.Lock()
+
+    def warning(self, metric: str, model: str, reason: str, conversation: str | None, message: str) -> None:
+        with self._lock:
+            log = self._logs.get((metric, model, reason))
+            if log is None:
+                log = self._logs[(metric, model, reason)] = RateLimitedLog(logger, interval_s=self.interval_s)
+        advice = _ADVICE.get(reason, "see the message")
+        where = f" on conversation {conversation}" if conversation else ""
+        log.warning(
+            "%s judge %s failed (%s)%s: %s; %s", metric, model, reason, where, " ".join(message.split())[:500], advice
+        )
+
+
+FAILURE_LOGS = _FailureLogs()
+
+
+class _Preparations:
+    """Transcripts are prepared (redacted, windowed) on a thread of their own, with a deadline.
+
+    A thread, not a process: a redactor is any callable (closures included, which cannot be pickled) and the
+    preparation needs the whole conversation, which a process would copy. The deadline bounds the judgement, not the
+    thread: a thread cannot be killed, so one that never returns is left behind (a daemon, it does not hold up exit)
+    while its conversation fails with `prepare_timeout` and the event loop goes on judging the others. Python
+    threads take turns on the GIL, C regex matching included, so a stuck redactor slows the loop, it does not stop
+    it. `stuck` counts the threads still running past their deadline (each holds one conversation's memory)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.stuck = 0
+
+    async def run(self, work: Callable[[], _T], timeout: float) -> _T:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[_T] = loop.create_future()
+        state = {"finished": False, "late": False}  # guarded by self._lock
+
+        def settle(value: Any, error: BaseException | None) -> None:
+            if future.done():  # timed out (cancelled): the answer has nobody to go to
+                return
+            if error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(value)
+
+        def target() -> None:
+            value: Any = None
+            error: BaseException | None = None
+            try:
+                value = work()
+            except BaseException as exc:
+                error = exc
+            finally:
+                with self._lock:
+                    state["finished"] = True
+                    if state["late"]:
+                        self.stuck -= 1
+            self._deliver(loop, lambda: settle(value, error))
+
+        threading.Thread(target=target, name="tracejudge-prepare", daemon=True).start()
+        try:
+            return await asyncio.wait_for(future, timeout)
+        except TimeoutError:
+            with self._lock:
+                if not state["finished"]:
+                    state["late"] = True
+                    self.stuck += 1
+            raise
+
+    @staticmethod
+    def _deliver(loop: asyncio.AbstractEventLoop, callback: Callable[[], None]) -> None:
+        try:
+            loop.call_soon_threadsafe(callback)
+        except RuntimeError:  # the loop closed while the preparation ran: nobody waits for it any more
+            pass
+
+
+PREPARATIONS = _Preparations()
+
+
 class HolisticJudgeMetric:
     """One LLM call over the whole conversation returns one verdict from a fixed label set, mapped to a score."""
 
@@ -123,10 +246,11 @@ class HolisticJudgeMetric:
         max_retries: int = 3,
         transcript_budget_tokens: int = DEFAULT_BUDGET_TOKENS,
         redactor: Redactor | None = None,
+        prepare_timeout: float = DEFAULT_PREPARE_TIMEOUT_S,
     ) -> None:
         if not 0.0 <= threshold <= 1.0:
             raise ValueError(f"threshold must be within 0..1, got {threshold}")
-        if timeout <= 0:
+        if timeout <= 0 or prepare_timeout <= 0:
             raise ValueError("timeout must be positive")
         self.backend = resolve_backend(model)
         self.model = model
@@ -136,6 +260,7 @@ class HolisticJudgeMetric:
         self.retry_policy = RetryPolicy(max_retries=max_retries)
         self.transcript_budget_tokens = transcript_budget_tokens
         self.redactor = redactor
+        self.prepare_timeout = prepare_timeout
         self.labels = frozenset(self.weights)
         self._litellm_model: str | None = getattr(self.backend, "litellm_model", None)
 
@@ -220,6 +345,10 @@ class HolisticJudgeMetric:
         except Exception as exc:  # a bug of ours must not abort a batch either
             self._fail(result, ERROR_INTERNAL, f"internal error: {exc!r}")
         result.latency_s = time.perf_counter() - started
+        if result.error is not None:
+            FAILURE_LOGS.warning(
+                self.name, self.model_name, result.error_kind or "unknown", conversation.name, result.error
+            )
         if self.verbose:
             print_metric_result(result)
         return result
@@ -231,7 +360,17 @@ class HolisticJudgeMetric:
         if not conversation.turns:
             self._fail(result, ERROR_EMPTY_CONVERSATION, "the conversation has no turns")
             return
-        messages = self.build_messages(conversation)
+        try:
+            messages = await PREPARATIONS.run(lambda: self.build_messages(conversation), self.prepare_timeout)
+        except TimeoutError:
+            stuck = PREPARATIONS.stuck
+            self._fail(
+                result,
+                ERROR_PREPARE_TIMEOUT,
+                f"the transcript was not prepared (redacted, windowed) within {self.prepare_timeout:g}s; "
+                f"{stuck} preparation thread{'s' if stuck != 1 else ''} still running past the deadline",
+            )
+            return
         problem = ""
         for round_number in range(2):  # the answer, then at most one corrective retry
             try:

@@ -1,7 +1,8 @@
 """Judge model clients: model strings resolved to LiteLLM, user-supplied clients, retries and hard timeouts.
 
 LiteLLM is imported on the first call, not at import time: it takes seconds to import and applications that only
-trace must never pay for it.
+trace must never pay for it. Nothing here writes the process environment (it is the user's): LiteLLM's switches such
+as LITELLM_LOCAL_MODEL_COST_MAP are set, with setdefault, only by the `tracejudge` command's own entry point.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import asyncio
 import contextlib
 import contextvars
 import email.utils
-import os
+import math
 import random
 import re
 import threading
@@ -18,6 +19,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from datetime import UTC
 from typing import Any
 
 from ._errors import JudgeCallError
@@ -95,6 +97,8 @@ def litellm_model_string(model: str) -> str:
         raise ValueError("judge model name is empty")
     if "/" in model:
         return model
+    if model.startswith("ft:"):  # an OpenAI fine-tune (`ft:gpt-4o-mini:org::id`), not a provider prefix
+        return f"openai/{model}"
     if ":" in model:
         provider, _, name = model.partition(":")
         provider = _PROVIDER_ALIASES.get(provider.lower(), provider.lower())
@@ -112,6 +116,10 @@ class JudgeBackend(ABC):
     async def complete(
         self, messages: list[dict[str, str]], *, timeout: float, response_format: dict[str, Any] | None = None
     ) -> JudgeReply: ...
+
+    async def warm_up(self) -> None:
+        """Made ready before the first attempt, outside its timeout and off the event loop (a slow import)."""
+        return None
 
     @contextlib.asynccontextmanager
     async def slot(self, *, wait_s: float | None = None) -> AsyncIterator[None]:
@@ -143,17 +151,20 @@ class CustomClientBackend(JudgeBackend):
         return JudgeReply(text=text, cost_usd=cost)
 
 
+_LITELLM_IMPORTED = threading.Event()
+
+
 def _import_litellm() -> Any:
-    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-    os.environ.setdefault("LITELLM_LOCAL_ANTHROPIC_BETA_HEADERS", "True")  # no blocking fetch on the first Claude call
     import litellm
 
     litellm.suppress_debug_info = True
+    _LITELLM_IMPORTED.set()
     return litellm
 
 
 def _retry_after_seconds(exc: BaseException) -> float | None:
-    """Read Retry-After (seconds or HTTP date) from whatever headers LiteLLM kept on the exception."""
+    """Read Retry-After (seconds or HTTP date) from whatever headers LiteLLM kept on the exception; a value that is
+    neither (`soon`) is None, so the default backoff applies rather than the error escaping the classification."""
     candidates: list[Any] = [getattr(exc, "litellm_response_headers", None)]
     response = getattr(exc, "response", None)
     candidates.append(getattr(response, "headers", None))
@@ -166,13 +177,34 @@ def _retry_after_seconds(exc: BaseException) -> float | None:
             continue
         if value is None:
             continue
-        try:
-            return max(0.0, float(value))
-        except ValueError:
-            parsed = email.utils.parsedate_to_datetime(str(value))
-            if parsed is not None:
-                return max(0.0, parsed.timestamp() - time.time())
+        seconds = _parse_retry_after(str(value))
+        if seconds is not None:
+            return seconds
     return None
+
+
+def _parse_retry_after(value: str) -> float | None:
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            parsed = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError, IndexError, OverflowError):
+            return None
+        if parsed is None:
+            return None
+        if parsed.tzinfo is None:  # RFC 9110 dates are GMT; "-0000" parses naive
+            parsed = parsed.replace(tzinfo=UTC)
+        seconds = parsed.timestamp() - time.time()
+    return max(0.0, seconds) if math.isfinite(seconds) else None
+
+
+# LiteLLM refuses locally, before any request, when no key is configured (OPENAI_BASE_URL set, OPENAI_API_KEY not),
+# and reports it as a 500: it is a credentials problem no retry can fix.
+_MISSING_CREDENTIALS = re.compile(
+    r"missing credentials|api_key client option must be set|no api key provided|api key (?:is )?(?:not set|missing)",
+    re.IGNORECASE,
+)
 
 
 def classify_litellm_error(exc: BaseException) -> JudgeCallError:
@@ -182,6 +214,8 @@ def classify_litellm_error(exc: BaseException) -> JudgeCallError:
     message = f"{name}: {str(exc)[:300]}"
     if isinstance(exc, asyncio.TimeoutError | TimeoutError) or "Timeout" in name:
         return JudgeCallError(ERROR_TIMEOUT, message, retryable=True)
+    if _MISSING_CREDENTIALS.search(str(exc)):
+        return JudgeCallError(ERROR_AUTH, message, retryable=False)
     if status == 429 or "RateLimit" in name:
         return JudgeCallError(ERROR_RATE_LIMITED, message, retryable=True, retry_after=_retry_after_seconds(exc))
     if "Connection" in name:
@@ -197,6 +231,46 @@ def classify_litellm_error(exc: BaseException) -> JudgeCallError:
     return JudgeCallError(ERROR_CLIENT, message, retryable=False)
 
 
+PROVIDERS_URL = "https://docs.litellm.ai/docs/providers"
+
+
+def judge_model_problem(model: str) -> str | None:
+    """Why LiteLLM cannot route this model string (an unknown provider prefix), or None; imports LiteLLM."""
+    try:
+        litellm_model = litellm_model_string(model)
+    except ValueError as exc:
+        return str(exc)
+    provider = litellm_model.partition("/")[0]
+    known = {getattr(p, "value", p) for p in _import_litellm().provider_list}
+    if provider in known:
+        return None
+    return f"unknown provider {provider!r} in judge model {model!r}: LiteLLM's providers are listed at {PROVIDERS_URL}"
+
+
+# The startup check's request: a few tokens, no rubric (the local test judge answers it as a check).
+JUDGE_CHECK_PROMPT = "tracejudge judge check: reply with the word OK."
+
+
+def check_judge_model(model: str, *, timeout: float) -> None:
+    """One cheap synchronous call to the judge; raises JudgeCallError (reason, provider's message) if it cannot
+    answer. Synchronous on purpose: LiteLLM caches async clients, and one bound to a throwaway event loop must not
+    be handed to the judges' loop later."""
+    litellm = _import_litellm()
+    try:
+        litellm.completion(
+            model=litellm_model_string(model),
+            messages=[{"role": "user", "content": JUDGE_CHECK_PROMPT}],
+            temperature=0,
+            max_tokens=8,
+            timeout=timeout,
+            max_retries=0,
+            num_retries=0,
+            drop_params=True,
+        )
+    except Exception as exc:
+        raise classify_litellm_error(exc) from exc
+
+
 class LiteLLMBackend(JudgeBackend):
     """Any LiteLLM model string; OpenAI-compatible servers through OPENAI_BASE_URL / OPENAI_API_BASE."""
 
@@ -204,6 +278,12 @@ class LiteLLMBackend(JudgeBackend):
         self.model_name = model
         self.litellm_model = litellm_model_string(model)
         self._cache_breakpoint = needs_cache_breakpoint(self.litellm_model)
+
+    async def warm_up(self) -> None:
+        """LiteLLM's import takes seconds: on the event loop it would stall every judgement and fire their timeouts,
+        inside an attempt it would time the attempt out. Done once, on a worker thread."""
+        if not _LITELLM_IMPORTED.is_set():
+            await asyncio.to_thread(_import_litellm)
 
     @contextlib.asynccontextmanager
     async def slot(self, *, wait_s: float | None = None) -> AsyncIterator[None]:
@@ -450,6 +530,7 @@ async def call_with_retries(
     response_format: dict[str, Any] | None = None,
 ) -> tuple[JudgeReply, int]:
     """One judge call with a hard timeout per attempt; returns the reply and the number of attempts made."""
+    await backend.warm_up()
     attempt = 0
     while True:
         attempt += 1

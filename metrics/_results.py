@@ -15,6 +15,7 @@ ERROR_AUTH = "auth"
 ERROR_CLIENT = "client_error"
 ERROR_EMPTY_CONVERSATION = "empty_conversation"
 ERROR_INTERNAL = "internal"
+ERROR_PREPARE_TIMEOUT = "prepare_timeout"  # the transcript (redaction, windowing) was not ready within its deadline
 
 
 class MetricResult(BaseModel):

@@ -7,12 +7,14 @@ from ._conversation import conversation, end_conversation
 from ._decorator import traced_agent
 from ._feedback import record_feedback
 from ._stamping import ConversationSpanProcessor
+from .errors import TracedAgentWarning
 from .exporter import KafkaSpanExporter
 from .setup import setup_tracing
 
 __all__ = [
     "ConversationSpanProcessor",
     "KafkaSpanExporter",
+    "TracedAgentWarning",
     "conversation",
     "end_conversation",
     "record_feedback",

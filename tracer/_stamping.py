@@ -1,8 +1,9 @@
 """Stamp the current conversation on every span, whichever instrumentation starts it.
 
 Inside `with conversation("id", agent=...)` a span from openai-v2, pydantic-ai or any framework gets
-`gen_ai.conversation.id` (the block's, even over an id the library set itself) and `gen_ai.agent.name` (when not set),
-so a library without a session concept needs one `with` line. Our own spans keep theirs: `@traced_agent`'s explicit
+`gen_ai.conversation.id` (the block's, even over an id the library set itself), `gen_ai.agent.name` (when not set) and
+the block's `turn_index` when the caller gave one (never a counter: see `_conversation`), so a library without a
+session concept needs one `with` line. Our own spans keep theirs: `@traced_agent`'s explicit
 `session_id` argument wins over the block, as documented.
 Outside such a block, a span whose parent names a conversation (in any convention the resolver knows) inherits it:
 a child LLM span then travels in its conversation's Kafka record even when it is exported before its parent ends.
@@ -17,7 +18,7 @@ from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from ._conversation import current_conversation
 from ._internal import handle_internal_errors
 from .identity import conversation_id
-from .semconv import GEN_AI_AGENT_NAME, GEN_AI_CONVERSATION_ID, TRACER_NAME
+from .semconv import GEN_AI_AGENT_NAME, GEN_AI_CONVERSATION_ID, TRACER_NAME, TURN_INDEX
 
 ORIGINAL_CONVERSATION_ID = "tracejudge.conversation.original_id"
 
@@ -48,6 +49,8 @@ class ConversationSpanProcessor(SpanProcessor):
                     span.set_attribute(GEN_AI_CONVERSATION_ID, target)
                 if active.agent and GEN_AI_AGENT_NAME not in attributes:
                     span.set_attribute(GEN_AI_AGENT_NAME, active.agent)
+                if active.turn_index is not None and target == active.session_id and TURN_INDEX not in attributes:
+                    span.set_attribute(TURN_INDEX, active.turn_index)
                 return
             if active is not None:
                 return  # our own spans already name their conversation (an explicit session_id may differ)

@@ -15,8 +15,14 @@ def content_id(conversation_id: str, exchanges: Sequence[Turn]) -> str:
     """SHA-256 over the conversation id and each exchange's span id, times and text, in order (32 hex digits)."""
     digest = hashlib.sha256(conversation_id.encode("utf-8", "surrogatepass"))
     for turn in exchanges:
-        for part in (turn.span_id, str(turn.start_ns), turn.input or "", "\x00" if turn.input is None else "",
-                     turn.output or "", "\x00" if turn.output is None else ""):
+        for part in (
+            turn.span_id,
+            str(turn.start_ns),
+            turn.input or "",
+            "\x00" if turn.input is None else "",
+            turn.output or "",
+            "\x00" if turn.output is None else "",
+        ):
             digest.update(_SEP)
             digest.update(part.encode("utf-8", "surrogatepass"))
     return digest.hexdigest()[:32]

@@ -344,7 +344,7 @@ class ConversationTable:
         """Feedback for a completed conversation: negative feedback gets the last snapshot judged, exactly once."""
         already_negative = state.negative_feedback
         self._add_feedback(state, feedback)
-        if not feedback.negative or already_negative and state.rejudge_on_outcome:
+        if not feedback.negative or (already_negative and state.rejudge_on_outcome):
             return
         last = state.last_content_id
         outcome = state.dispatched.get(last) if last is not None else None

@@ -2,25 +2,107 @@
 
 The span's parent is the conversation's last turn span (a remote parent from its trace and span ids), so trace
 backends show the verdict inside the trace it judged.
+
+The SDK's batch processors export in the background and an OTLP exporter reports a failed export by returning
+FAILURE, never by raising, so an unreachable collector would go unnoticed: `CountedSpanExporter` and
+`CountedLogExporter` count each failed batch (`tracejudge_output_errors_total{output="otlp"}`) and say so in a
+rate-limited line.
 """
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from opentelemetry import trace
 from opentelemetry._logs import LoggerProvider
+from opentelemetry.sdk._logs.export import LogRecordExporter, LogRecordExportResult
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode, TraceFlags, TracerProvider
 
 from tracejudge.metrics import MetricResult
+from tracejudge.tracer.rate_limited_log import RateLimitedLog
 from tracejudge.tracer.semconv import ERROR_TYPE, GEN_AI_AGENT_NAME, GEN_AI_CONVERSATION_ID
 
 from ..pool import Judgement
 from ..results import result_id
+from .acknowledged import Ticket, ticket_for
 
 EVALUATION_EVENT = "gen_ai.evaluation.result"
 SCOPE = "tracejudge.consumer"
+OUTPUT = "otlp"  # the `output` label of tracejudge_output_errors_total
+logger = logging.getLogger("tracejudge.consumer.otlp")
+
+
+class _FailureCounter:
+    """Calls `on_error()` once per failed export and logs it at most every 30 s (with a suppressed count)."""
+
+    def __init__(self, what: str, endpoint: str, on_error: Callable[[], None] | None) -> None:
+        self.what, self.endpoint, self.on_error = what, endpoint, on_error
+        self._log = RateLimitedLog(logger, interval_s=30.0)
+
+    def failed(self, items: int, error: BaseException | None = None) -> None:
+        if self.on_error is not None:
+            try:
+                self.on_error()
+            except Exception:
+                logger.exception("counting an OTLP export error failed")
+        cause = f": {error!r}" if error is not None else ""
+        self._log.warning(
+            'OTLP export of %d %s to %s failed%s (counted in tracejudge_output_errors_total{output="otlp"}; the '
+            "batch is dropped): check --otlp-endpoint / OTEL_EXPORTER_OTLP_ENDPOINT and that the collector is up",
+            items,
+            self.what,
+            self.endpoint,
+            cause,
+        )
+
+
+class CountedSpanExporter(SpanExporter):
+    def __init__(self, inner: SpanExporter, endpoint: str, on_error: Callable[[], None] | None = None) -> None:
+        self.inner = inner
+        self._failures = _FailureCounter("evaluation spans", endpoint, on_error)
+
+    def export(self, spans: Sequence[Any]) -> SpanExportResult:
+        try:
+            result = self.inner.export(spans)
+        except Exception as exc:  # not the SDK's contract, but a batch processor must never die of it
+            self._failures.failed(len(spans), exc)
+            return SpanExportResult.FAILURE
+        if result is not SpanExportResult.SUCCESS:
+            self._failures.failed(len(spans))
+        return result
+
+    def shutdown(self) -> None:
+        self.inner.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self.inner.force_flush(timeout_millis)
+
+
+class CountedLogExporter(LogRecordExporter):
+    def __init__(self, inner: LogRecordExporter, endpoint: str, on_error: Callable[[], None] | None = None) -> None:
+        self.inner = inner
+        self._failures = _FailureCounter("evaluation events", endpoint, on_error)
+
+    def export(self, batch: Sequence[Any]) -> LogRecordExportResult:
+        try:
+            result = self.inner.export(batch)
+        except Exception as exc:
+            self._failures.failed(len(batch), exc)
+            return LogRecordExportResult.FAILURE
+        if getattr(result, "name", None) != "SUCCESS":  # LogRecordExportResult, or the deprecated LogExportResult
+            self._failures.failed(len(batch))
+        return result
+
+    def shutdown(self) -> None:
+        self.inner.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self.inner.force_flush(timeout_millis)
 
 
 def _parent_context(trace_id: str, span_id: str) -> Any:
@@ -57,11 +139,28 @@ def evaluation_attributes(judgement: Judgement, result: MetricResult) -> dict[st
 
 
 class EvaluationEmitter:
-    def __init__(self, tracer_provider: TracerProvider, logger_provider: LoggerProvider | None = None) -> None:
+    """`acknowledged`: the providers' processors are AcknowledgingProcessors, so `emit` returns the event set once
+    the exporter delivered the judgement's spans and events (its offset waits for it)."""
+
+    def __init__(
+        self,
+        tracer_provider: TracerProvider,
+        logger_provider: LoggerProvider | None = None,
+        *,
+        acknowledged: bool = False,
+    ) -> None:
         self.tracer = tracer_provider.get_tracer(SCOPE)
         self.logger = logger_provider.get_logger(SCOPE) if logger_provider is not None else None
+        self.acknowledged = acknowledged
 
-    def emit(self, judgement: Judgement) -> None:
+    def emit(self, judgement: Judgement) -> list[threading.Event] | None:
+        per_result = 1 + (self.logger is not None)
+        ticket = Ticket(len(judgement.results) * per_result)
+        with ticket_for(ticket):
+            self._emit(judgement)
+        return [ticket.event] if self.acknowledged else None
+
+    def _emit(self, judgement: Judgement) -> None:
         job = judgement.job
         parent = _parent_context(job.last_turn.trace_id, job.last_turn.span_id)
         end_ns = int(judgement.judged_at * 1e9)

@@ -279,6 +279,12 @@ class ConsumerMetrics:
             ["output"],
             registry=registry,
         )
+        self.submitted = Counter(
+            "tracejudge_conversations_submitted_total",
+            "Complete conversations sent to the judges (after sampling); each ends in verdicts, judge errors or a "
+            "budget skip, so a rise without those means the judges have stalled",
+            registry=registry,
+        )
         self.feedback = Counter(
             "tracejudge_feedback_total", "Human feedback by polarity", ["agent", "feedback"], registry=registry
         )
@@ -296,7 +302,7 @@ class ConsumerMetrics:
         )
         for outcome in ("ok", "malformed"):
             self.records.labels(outcome=outcome)
-        for output in ("results_topic", "dead_letter"):
+        for output in ("results_topic", "dead_letter", "otlp"):
             self.output_errors.labels(output=output)
         self._seen_agents: set[str] = set()
 
@@ -367,6 +373,9 @@ class ConsumerMetrics:
 
     def record_records(self, outcome: str, count: int = 1) -> None:
         self.records.labels(outcome=outcome).inc(count)
+
+    def record_submitted(self) -> None:
+        self.submitted.inc()
 
     def record_output_error(self, output: str) -> None:
         self.output_errors.labels(output=output).inc()

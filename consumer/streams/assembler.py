@@ -523,7 +523,9 @@ class Assembler(AsyncConsumerRebalanceListener):
                     "repartition": task.repartition_position,
                     "watermark": task.watermark_ms,
                 }
-                self._send(self.topics.changelog, R.POSITIONS_KEY, R.dumps(positions), R.POSITIONS, partition=task.partition)
+                self._send(
+                    self.topics.changelog, R.POSITIONS_KEY, R.dumps(positions), R.POSITIONS, partition=task.partition
+                )
         if not self._flushed(timeout_s) or self._send_failed:
             return {}  # the changes stay unflushed and go out again at the next commit
         offsets: dict[TopicPartition, OffsetAndMetadata] = {}

@@ -185,7 +185,9 @@ class JudgeWorker(AsyncConsumerRebalanceListener):
         try:
             value = R.loads(record.value)
             if kind == R.JOB:
-                job, sampled, _completed_ms = R.job_from_json(value, key=f"{partition}:{record.offset}", partition=partition)
+                job, sampled, _completed_ms = R.job_from_json(
+                    value, key=f"{partition}:{record.offset}", partition=partition
+                )
             elif kind == R.FEEDBACK:
                 self._feedback(record.key.decode("utf-8", "surrogatepass"), value)
                 return

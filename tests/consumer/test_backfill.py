@@ -190,6 +190,8 @@ def test_backfill_reads_nothing_when_nothing_is_after_from(
     broker: EmbeddedBroker, topic: str, judge_server: JudgeServer, tmp_path: Path
 ) -> None:
     judge_server.responder = scripted_judge
+    results = f"{topic}-results"
+    broker.create_topic(results, 1)
     tracer = TracerProvider().get_tracer("backfill")
     now_ms = int(time.time() * 1000)
     producer = KafkaProducer(bootstrap_servers=broker.bootstrap_servers)
@@ -204,7 +206,8 @@ def test_backfill_reads_nothing_when_nothing_is_after_from(
     try:
         started = time.monotonic()
         # The range is after every record (by any clock: create or append time), so there is nothing to read.
-        code, report = run_in_process(backfill_args(broker, topic, now_ms + HOUR_MS, now_ms + 2 * HOUR_MS), summary)
+        args = [*backfill_args(broker, topic, now_ms + HOUR_MS, now_ms + 2 * HOUR_MS), "--results-topic", results]
+        code, report = run_in_process(args, summary)
         took = time.monotonic() - started
     finally:
         if env_before is None:
@@ -260,7 +263,11 @@ def test_backfill_finishes_when_a_sink_raises_and_reports_unread_partitions(
     monkeypatch.setattr(backfill, "MAX_IDLE_POLLS", 3)
     summary = tmp_path / "summary.json"
     monkeypatch.setenv("TRACEJUDGE_BACKFILL_SUMMARY", str(summary))
-    code, report = run_in_process(backfill_args(broker, topic, start_ms, end_ms), summary)
+    results = f"{topic}-results"  # backfill refuses to judge without an output (the sink here replaces it)
+    broker.create_topic(results, 1)
+    code, report = run_in_process(
+        [*backfill_args(broker, topic, start_ms, end_ms), "--results-topic", results], summary
+    )
     assert code == backfill.EXIT_INCOMPLETE == 1
     assert report["unread_partitions"] == [2]
     assert report["judged"] == 4 and sink.calls == 4 and report["sink_errors"] == 4

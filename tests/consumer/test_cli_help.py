@@ -37,6 +37,7 @@ CONSUME_FLAGS = {
     "--redact": ("TRACEJUDGE_REDACT", "on"),
     "--shutdown-grace": ("TRACEJUDGE_SHUTDOWN_GRACE", "30.0"),
     "--judge-timeout": ("TRACEJUDGE_JUDGE_TIMEOUT", "60.0"),
+    "--judge-check": ("TRACEJUDGE_JUDGE_CHECK", "on"),
     "--judge-retries": ("TRACEJUDGE_JUDGE_RETRIES", "3"),
     "--threshold": ("TRACEJUDGE_THRESHOLD", "0.7"),
     "--max-open-conversations": ("TRACEJUDGE_MAX_OPEN_CONVERSATIONS", "100000"),

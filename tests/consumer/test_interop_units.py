@@ -72,7 +72,7 @@ def _provider() -> tuple[TracerProvider, InMemorySpanExporter]:
 def test_conversation_block_stamps_every_span() -> None:
     provider, memory = _provider()
     tracer = provider.get_tracer("any.instrumentation")
-    with conversation("conv-9", agent="desk", tracer_provider=provider):
+    with conversation("conv-9", agent="desk", end=True, tracer_provider=provider):
         with tracer.start_as_current_span("chat gpt-4o"):
             with tracer.start_as_current_span("POST", attributes={"gen_ai.agent.name": "own"}):
                 pass

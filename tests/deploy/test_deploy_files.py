@@ -114,6 +114,7 @@ def test_every_alert_has_unit_tests_that_fire_and_do_not_fire() -> None:
         "TracejudgeConsumerLagging",
         "TracejudgeConsumerDown",
         "TracejudgeBudgetExhausted",
+        "TracejudgeJudgeStalled",
     } <= alerts
     tests = yaml.safe_load((DEPLOY / "prometheus" / "alerts_test.yml").read_text())["tests"]
     cases = [case for t in tests for case in t["alert_rule_test"]]
@@ -201,28 +202,48 @@ def test_compose_files_exist_and_ports_agree() -> None:
     assert "USER 10001" in dockerfile and "HEALTHCHECK" in dockerfile and f"EXPOSE {port}" in dockerfile
 
 
+# What `kubectl apply -f DIR` reads: every file in DIR (and under it with -R) whose name ends in one of these.
+KUBECTL_EXTENSIONS = (".json", ".yaml", ".yml")
+K8S = DEPLOY / "k8s"
+
+
+def kubectl_reads(directory: Path, recursive: bool = True) -> list[Path]:
+    paths = directory.rglob("*") if recursive else directory.glob("*")
+    return sorted(p for p in paths if p.is_file() and p.name.endswith(KUBECTL_EXTENSIONS))
+
+
+def applied_objects(directory: Path = K8S) -> list[dict[str, Any]]:
+    """Every object `kubectl apply -f deploy/k8s/` (or -R) would send, `kind: List` items included."""
+    objects: list[dict[str, Any]] = []
+    for path in kubectl_reads(directory):
+        docs = [json.loads(path.read_text())] if path.suffix == ".json" else yaml.safe_load_all(path.read_text())
+        for doc in docs:
+            if doc is None:
+                continue
+            objects.extend(doc.get("items", []) if doc.get("kind", "").endswith("List") else [doc])
+    return objects
+
+
 def k8s_objects() -> dict[str, dict[str, Any]]:
     objects = {}
-    for path in sorted((DEPLOY / "k8s").glob("*.yaml")):
-        for doc in yaml.safe_load_all(path.read_text()):
-            assert doc["apiVersion"] and doc["metadata"]["name"], path
-            objects[doc["kind"]] = doc
+    for doc in applied_objects():
+        assert doc["apiVersion"] and doc["metadata"]["name"], doc
+        objects[doc["kind"]] = doc
     return objects
 
 
 def test_k8s_objects_have_required_fields() -> None:
     objects = k8s_objects()
-    assert {"Deployment", "Service", "PodMonitor", "ScaledObject", "PrometheusRule", "ConfigMap", "Secret"} <= set(
-        objects
-    )
+    assert {"Deployment", "Service", "PodMonitor", "ScaledObject", "PrometheusRule", "ConfigMap"} <= set(objects)
     deployment = objects["Deployment"]
     labels = deployment["spec"]["template"]["metadata"]["labels"]
     assert deployment["spec"]["selector"]["matchLabels"].items() <= labels.items()
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     assert container["image"] and container["readinessProbe"] and container["livenessProbe"]
     assert container["resources"]["requests"] and container["resources"]["limits"]
-    sources = {next(iter(ref.values()))["name"] for ref in container["envFrom"]}
-    assert sources == {objects["ConfigMap"]["metadata"]["name"], objects["Secret"]["metadata"]["name"]}
+    refs = {kind: ref["name"] for source in container["envFrom"] for kind, ref in source.items()}
+    assert refs["configMapRef"] == objects["ConfigMap"]["metadata"]["name"]
+    assert refs["secretRef"] == example_secret()["metadata"]["name"]  # created by the user, not by the apply
     port_names = {p["name"] for p in container["ports"]}
     assert objects["Service"]["spec"]["selector"].items() <= labels.items()
     assert objects["Service"]["spec"]["ports"][0]["targetPort"] in port_names
@@ -237,6 +258,39 @@ def test_k8s_objects_have_required_fields() -> None:
     partitions = int(compose()["services"]["kafka"]["environment"]["KAFKA_NUM_PARTITIONS"])
     assert scaled["spec"]["maxReplicaCount"] <= partitions
     assert deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] > 30
+
+
+def example_secret() -> dict[str, Any]:
+    return yaml.safe_load((K8S / "secret.yaml.example").read_text())
+
+
+def test_directory_apply_never_applies_a_secret_with_data() -> None:
+    """`kubectl apply -f deploy/k8s/` must not overwrite the user's real judge key with a placeholder."""
+    read = kubectl_reads(K8S)
+    assert {p.name for p in kubectl_reads(K8S, recursive=False)} >= {"deployment.yaml", "configmap.yaml"}
+    assert {doc["kind"] for doc in applied_objects()} >= {"ConfigMap", "Deployment", "Service"}  # parsed them all
+    for doc in applied_objects():
+        if doc["kind"] == "Secret":
+            assert not doc.get("data") and not doc.get("stringData"), f"{doc['metadata']['name']} carries data"
+    # The placeholder is kept as an example kubectl does not read, and the Deployment says how to create the real one.
+    example = example_secret()
+    assert example["kind"] == "Secret" and example["stringData"]["OPENAI_API_KEY"] == "replace-me"
+    assert K8S / "secret.yaml.example" not in read
+    text = (K8S / "deployment.yaml").read_text()
+    assert f"kubectl create secret generic {example['metadata']['name']} --from-literal=OPENAI_API_KEY=" in text
+
+
+def test_manifests_name_the_image_built_from_the_dockerfile() -> None:
+    """The Deployment's image is the tag the comment (and the Dockerfile) says to build: `tracejudge:<version>`."""
+    import tomllib
+
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    tag = f"tracejudge:{version}"
+    container = k8s_objects()["Deployment"]["spec"]["template"]["spec"]["containers"][0]
+    assert container["image"] == tag
+    build = f"docker build -t {tag} ."
+    assert build in (K8S / "deployment.yaml").read_text() and build in (ROOT / "Dockerfile").read_text()
+    assert compose()["services"]["tracejudge-consumer"]["image"] == tag  # compose tags its build the same way
 
 
 def test_prometheus_rule_wraps_the_alert_rules() -> None:

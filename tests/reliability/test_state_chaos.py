@@ -52,7 +52,7 @@ def produce_interleaved(bootstrap: str, topic: str, ids: list[str], *, wave_gap_
     def respond(question: str, session_id: str) -> str:
         return "answer to " + question
 
-    waves = [ids[i :: WAVES] for i in range(WAVES)]
+    waves = [ids[i::WAVES] for i in range(WAVES)]
 
     def wave(members: list[str]) -> None:
         for k in range(1, TURNS + 1):

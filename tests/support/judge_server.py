@@ -94,6 +94,10 @@ class JudgeServer:
         self.reject_json_object = reject_json_object
         self.constrain = constrain
         self.schema_problems: list[str] = []
+        # The commands' startup check (one cheap call before any record): answered here, apart from `requests`,
+        # so scripts and request counts see only judgements; a test of the check sets its own reply.
+        self.check_reply = Reply(content="OK")
+        self.checks: list[dict[str, Any]] = []
         server = self
 
         class Handler(QuietHandler):
@@ -103,7 +107,12 @@ class JudgeServer:
             def do_POST(self) -> None:
                 length = int(self.headers.get("content-length") or 0)
                 body = json.loads(self.rfile.read(length) or b"{}")
-                reply = server._refusal(body) or server._constrained(body, server._next(body))
+                if is_judge_check(body):
+                    with server._lock:
+                        server.checks.append(body)
+                    reply = server.check_reply
+                else:
+                    reply = server._refusal(body) or server._constrained(body, server._next(body))
                 with server._lock:
                     server.in_flight += 1
                     server.max_in_flight = max(server.max_in_flight, server.in_flight)
@@ -239,6 +248,11 @@ class JudgeServer:
                 },
             }
         ).encode()
+
+
+def is_judge_check(request: dict[str, Any]) -> bool:
+    """The startup check's request (tracejudge.metrics.judge_check.JUDGE_CHECK_PROMPT), not a judgement."""
+    return any("tracejudge judge check" in str(m.get("content", "")) for m in request.get("messages", []))
 
 
 def conversation_text(request: dict[str, Any]) -> str:

@@ -16,12 +16,18 @@ class OtlpReceiver:
     def __init__(self) -> None:
         self.spans: list[Any] = []
         self.logs: list[Any] = []
+        self.status = 200  # what the receiver answers; anything else records nothing (a collector that is down)
         self.lock = threading.Lock()
         receiver = self
 
         class Handler(QuietHandler):
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("content-length") or 0))
+                if receiver.status != 200:
+                    self.send_response(receiver.status)
+                    self.send_header("content-length", "0")
+                    self.end_headers()
+                    return
                 if self.headers.get("content-encoding") == "gzip":
                     body = gzip.decompress(body)
                 if self.path == "/v1/traces":

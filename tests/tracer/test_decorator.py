@@ -18,7 +18,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from tracejudge.tracer import conversation, end_conversation, traced_agent
+from tracejudge.tracer import TracedAgentWarning, conversation, end_conversation, traced_agent
 
 
 @pytest.fixture
@@ -61,7 +61,8 @@ def test_sync_turn_attributes(recorded: tuple[TracerProvider, InMemorySpanExport
     assert json.loads(a["gen_ai.output.messages"]) == [
         {"role": "assistant", "parts": [{"type": "text", "content": "echo: q0"}], "finish_reason": "stop"}
     ]
-    assert [attrs(s)["tracejudge.turn.index"] for s in spans] == [0, 1, 2]
+    # No per-process counter: another process may serve the other turns; the consumer orders by start time.
+    assert all("tracejudge.turn.index" not in attrs(s) for s in spans)
     assert "tracejudge.conversation.ended" not in a
 
 
@@ -131,9 +132,11 @@ def test_output_common_shapes(recorded: tuple[TracerProvider, InMemorySpanExport
 def test_fresh_id_makes_a_one_turn_conversation(recorded: tuple[TracerProvider, InMemorySpanExporter]) -> None:
     provider, exporter = recorded
 
-    @traced_agent("bot", tracer_provider=provider)
-    def run(q: str) -> str:
-        return "a"
+    with pytest.warns(TracedAgentWarning, match="one-turn conversation"):
+
+        @traced_agent("bot", tracer_provider=provider)
+        def run(q: str) -> str:
+            return "a"
 
     run("one")
     run("two")
@@ -165,7 +168,7 @@ def test_exception_recorded_and_reraised_unchanged(recorded: tuple[TracerProvide
     assert "gen_ai.output.messages" not in attrs(span)
 
     @traced_agent("bot", tracer_provider=provider)
-    def builtin(q: str) -> str:
+    def builtin(q: str, session_id: str = "b") -> str:
         raise ValueError("x")
 
     with pytest.raises(ValueError):
@@ -226,11 +229,11 @@ async def test_async_generator_and_error_mid_stream(recorded: tuple[TracerProvid
 def test_conversation_context_and_end_marker(recorded: tuple[TracerProvider, InMemorySpanExporter]) -> None:
     provider, exporter = recorded
 
-    @traced_agent("bot", tracer_provider=provider)
+    @traced_agent("bot", session_id_arg=None, tracer_provider=provider)
     def run(q: str) -> str:
         return "ok"
 
-    with conversation("outer", agent="bot", tracer_provider=provider):
+    with conversation("outer", agent="bot", end=True, tracer_provider=provider):
         run("1")
         with conversation("inner", tracer_provider=provider):
             run("2")
@@ -239,8 +242,7 @@ def test_conversation_context_and_end_marker(recorded: tuple[TracerProvider, InM
     ids = [(s.name, attrs(s)["gen_ai.conversation.id"]) for s in spans]
     assert ids == [
         ("invoke_agent bot", "outer"),
-        ("invoke_agent bot", "inner"),
-        ("end_conversation", "inner"),
+        ("invoke_agent bot", "inner"),  # the inner block only stamps: no end marker
         ("invoke_agent bot", "outer"),
         ("end_conversation", "outer"),
     ]
@@ -248,7 +250,7 @@ def test_conversation_context_and_end_marker(recorded: tuple[TracerProvider, InM
     assert attrs(marker)["tracejudge.conversation.ended"] is True
     assert attrs(marker)["gen_ai.agent.name"] == "bot"
     assert marker.start_time == marker.end_time
-    assert [attrs(s)["tracejudge.turn.index"] for s in spans if s.name.startswith("invoke")] == [0, 0, 1]
+    assert all("tracejudge.turn.index" not in attrs(s) for s in spans)
 
 
 def test_end_conversation_function(recorded: tuple[TracerProvider, InMemorySpanExporter]) -> None:
@@ -261,14 +263,14 @@ def test_end_conversation_function(recorded: tuple[TracerProvider, InMemorySpanE
 async def test_100_interleaved_asyncio_conversations(recorded: tuple[TracerProvider, InMemorySpanExporter]) -> None:
     provider, exporter = recorded
 
-    @traced_agent("bot", tracer_provider=provider)
+    @traced_agent("bot", session_id_arg=None, tracer_provider=provider)
     async def run(q: str) -> str:
         await asyncio.sleep(0)
         return q
 
     async def talk(n: int) -> None:
-        async with conversation(f"many-{n}", tracer_provider=provider):
-            for turn in range(3):
+        for turn in range(3):  # one block per request, the turn number from the caller, the last one ends it
+            async with conversation(f"many-{n}", turn_index=turn, end=turn == 2, tracer_provider=provider):
                 await run(f"many-{n} turn {turn}")
                 await asyncio.sleep(0)
 
@@ -280,13 +282,14 @@ async def test_100_interleaved_asyncio_conversations(recorded: tuple[TracerProvi
         text = message_text(span, "gen_ai.input.messages")
         assert text.startswith(f"{conv} turn ")
         assert attrs(span)["tracejudge.turn.index"] == int(text.rsplit(" ", 1)[1])
-    assert sum(1 for s in exporter.get_finished_spans() if s.name == "end_conversation") == 100
+    ended = [attrs(s)["gen_ai.conversation.id"] for s in exporter.get_finished_spans() if s.name == "end_conversation"]
+    assert sorted(ended) == sorted(f"many-{n}" for n in range(100))
 
 
 def test_threads_never_mix_conversations(recorded: tuple[TracerProvider, InMemorySpanExporter]) -> None:
     provider, exporter = recorded
 
-    @traced_agent("bot", tracer_provider=provider)
+    @traced_agent("bot", session_id_arg=None, tracer_provider=provider)
     def run(q: str) -> str:
         return q
 
@@ -375,9 +378,21 @@ assert "litellm" not in sys.modules and "tracejudge.metrics" not in sys.modules
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
-def test_decorator_rejects_an_empty_name() -> None:
-    with pytest.raises(ValueError):
-        traced_agent("")
+def test_an_empty_name_warns_and_the_qualified_name_stands_in(
+    recorded: tuple[TracerProvider, InMemorySpanExporter],
+) -> None:
+    provider, exporter = recorded
+    with pytest.warns(TracedAgentWarning, match="non-empty str"):
+        decorator = traced_agent("", tracer_provider=provider)
+
+    @decorator
+    def answer(question: str, session_id: str) -> str:
+        return "a"
+
+    assert answer("q", "s") == "a"
+    assert exporter.get_finished_spans()[0].name == (
+        "invoke_agent test_an_empty_name_warns_and_the_qualified_name_stands_in.<locals>.answer"
+    )
 
 
 # ---- decorated generators behave like `yield from` (PEP 380), and their span ends exactly once -------------------

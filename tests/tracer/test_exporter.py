@@ -29,13 +29,13 @@ def test_records_keyed_by_conversation(broker: EmbeddedBroker, topic: str) -> No
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
 
-    @traced_agent("kafka-bot", tracer_provider=provider)
+    @traced_agent("kafka-bot", session_id_arg=None, tracer_provider=provider)
     def run(q: str) -> str:
         return f"re: {q}"
 
-    with conversation("conv-a", tracer_provider=provider):
+    with conversation("conv-a", end=True, tracer_provider=provider):
         run("hello a")
-    with conversation("conv-b", tracer_provider=provider):
+    with conversation("conv-b", end=True, tracer_provider=provider):
         run("hello b")
     tracer = provider.get_tracer("other")
     with tracer.start_as_current_span("no conversation") as plain:

@@ -1,0 +1,222 @@
+"""The judge is checked at startup (`consume`, `backfill`, `calibrate`), through the real CLI: a judge that cannot
+answer is one line on stderr and exit 3 before any record is read (nothing connects to Kafka); an unknown provider
+prefix is a configuration error, exit 2, before any I/O; `--no-judge-check` / TRACEJUDGE_JUDGE_CHECK=false skip it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.judge_server import JudgeServer, Reply, verdict
+from tracejudge.consumer.cli import main
+from tracejudge.consumer.flags import EXIT_JUDGE_UNAVAILABLE, EXIT_USAGE
+from tracejudge.metrics.judge_check import judge_model_problem
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class KafkaListener:
+    """A TCP port standing in for the Kafka bootstrap: it only records whether anything connected."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.connected = threading.Event()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.sock.getsockname()[1]}"
+
+    def _accept(self) -> None:
+        try:
+            while True:
+                connection, _ = self.sock.accept()
+                self.connected.set()
+                connection.close()
+        except OSError:
+            return
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+@pytest.fixture
+def kafka() -> Iterator[KafkaListener]:
+    listener = KafkaListener()
+    yield listener
+    listener.close()
+
+
+def _error(status: int, message: str, code: str | None = None) -> Reply:
+    body = {"error": {"message": message, "type": "invalid_request_error", "code": code}}
+    return Reply(status=status, raw_body=json.dumps(body).encode())
+
+
+def _consume(kafka: KafkaListener, *extra: str) -> list[str]:
+    return [
+        "consume",
+        "--bootstrap-servers",
+        kafka.bootstrap,
+        "--metrics-port",
+        "0",
+        "--metrics-host",
+        "127.0.0.1",
+        *extra,
+    ]
+
+
+def _one_line(err: str) -> str:
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    assert "Traceback" not in err
+    return lines[0]
+
+
+def test_consume_exits_3_with_one_line_when_the_judge_answers_500(
+    judge_server: JudgeServer, kafka: KafkaListener
+) -> None:
+    """The installed command in its own process: exit 3, one line, no traceback, Kafka never contacted."""
+    judge_server.check_reply = _error(500, "the judge is on fire")
+    completed = subprocess.run(
+        [sys.executable, "-m", "tracejudge.consumer", *_consume(kafka, "--judge-retries", "3")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert completed.returncode == EXIT_JUDGE_UNAVAILABLE, completed.stderr
+    line = _one_line(completed.stderr)
+    assert line.startswith("tracejudge: the judge 'gpt-4o-mini' cannot answer (server_error): ")
+    assert "the judge is on fire" in line and "--no-judge-check" in line
+    assert len(judge_server.checks) == 1  # one cheap call, not retried
+    assert judge_server.requests == []
+    assert not kafka.connected.is_set()
+
+
+def test_no_judge_check_from_the_environment_goes_on_to_kafka(judge_server: JudgeServer, kafka: KafkaListener) -> None:
+    judge_server.check_reply = _error(500, "the judge is on fire")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tracejudge.consumer", *_consume(kafka)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "TRACEJUDGE_JUDGE_CHECK": "false"},
+    )
+    try:
+        assert kafka.connected.wait(300), "consume never reached Kafka"
+        assert process.poll() is None
+        assert judge_server.checks == []
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+@pytest.mark.parametrize(
+    ("reply", "reason", "words"),
+    [
+        (_error(404, "The model `gpt-4o-mini` does not exist", "model_not_found"), "bad_request", "does not exist"),
+        (Reply(status=401, raw_body=b'{"error": {"message": "Incorrect API key provided"}}'), "auth", "API key"),
+        (Reply(status=200, raw_body=b"<html>gateway says hi</html>"), "server_error", ""),
+    ],
+)
+def test_consume_refuses_a_judge_that_cannot_answer(
+    judge_server: JudgeServer,
+    kafka: KafkaListener,
+    capsys: pytest.CaptureFixture[str],
+    reply: Reply,
+    reason: str,
+    words: str,
+) -> None:
+    judge_server.check_reply = reply
+    assert main(_consume(kafka)) == EXIT_JUDGE_UNAVAILABLE
+    line = _one_line(capsys.readouterr().err)
+    assert f"cannot answer ({reason})" in line and words in line
+    assert not kafka.connected.is_set()
+
+
+def test_missing_key_is_auth_at_startup(
+    judge_server: JudgeServer, kafka: KafkaListener, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY")
+    started = time.monotonic()
+    assert main(_consume(kafka)) == EXIT_JUDGE_UNAVAILABLE
+    line = _one_line(capsys.readouterr().err)
+    assert "cannot answer (auth)" in line and "Missing credentials" in line
+    assert time.monotonic() - started < 10  # not retried
+    assert judge_server.checks == [] and not kafka.connected.is_set()
+
+
+@pytest.mark.parametrize("model", ["foo/bar", "nosuchprovider:model-x"])
+def test_unknown_provider_is_a_configuration_error(
+    judge_server: JudgeServer, kafka: KafkaListener, capsys: pytest.CaptureFixture[str], model: str
+) -> None:
+    """Exit 2 (usage), one line, before any I/O: neither the judge nor Kafka is contacted, with or without the check."""
+    for extra in ([], ["--no-judge-check"]):
+        assert main(_consume(kafka, "--judge-model", model, *extra)) == EXIT_USAGE
+        line = _one_line(capsys.readouterr().err)
+        provider = model.replace(":", "/").split("/")[0]
+        assert line.startswith("tracejudge: invalid configuration: --judge-model / TRACEJUDGE_JUDGE_MODEL: ")
+        assert f"unknown provider {provider!r}" in line and "docs.litellm.ai/docs/providers" in line
+    assert judge_server.checks == [] and judge_server.requests == []
+    assert not kafka.connected.is_set()
+
+
+@pytest.mark.parametrize(
+    "model",
+    [
+        "gpt-4o-mini",
+        "openai:gpt-4o",
+        "anthropic:claude-sonnet-4-5",
+        "google:gemini-2.5-flash",
+        "ft:gpt-4o-mini:org::x1",
+    ],
+)
+def test_known_model_strings_are_routable(model: str) -> None:
+    assert judge_model_problem(model) is None
+
+
+def test_backfill_checks_the_judge_before_reading(
+    judge_server: JudgeServer, kafka: KafkaListener, capsys: pytest.CaptureFixture[str]
+) -> None:
+    judge_server.check_reply = _error(500, "the judge is on fire")
+    argv = ["backfill", "--from", "2026-01-01", "--to", "2026-01-02", "--bootstrap-servers", kafka.bootstrap]
+    assert main(argv) == EXIT_JUDGE_UNAVAILABLE
+    assert "cannot answer (server_error)" in _one_line(capsys.readouterr().err)
+    assert not kafka.connected.is_set()
+
+
+def _gold(tmp_path: Path) -> Path:
+    path = tmp_path / "gold.jsonl"
+    turns = [{"user": "Where is my order?", "assistant": "It shipped yesterday."}]
+    path.write_text(json.dumps({"id": "g1", "turns": turns, "labels": {"failure_rate": "not_applicable"}}) + "\n")
+    return path
+
+
+def test_calibrate_checks_the_judge_and_can_skip_the_check(
+    judge_server: JudgeServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    judge_server.check_reply = _error(500, "the judge is on fire")
+    judge_server.default = verdict("not_applicable")
+    argv = ["calibrate", "--dataset", str(_gold(tmp_path)), "--metrics", "failure_rate", "--judge-retries", "0"]
+    assert main(argv) == EXIT_JUDGE_UNAVAILABLE
+    assert "cannot answer (server_error)" in _one_line(capsys.readouterr().err)
+    assert judge_server.requests == []  # no item judged
+    assert main([*argv, "--no-judge-check"]) == 0
+    assert len(judge_server.checks) == 1 and len(judge_server.requests) == 1
+    judge_server.check_reply = Reply(content="OK")
+    assert main(argv) == 0
+    assert len(judge_server.checks) == 2 and len(judge_server.requests) == 2
