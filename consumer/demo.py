@@ -264,6 +264,7 @@ def run_demo(namespace: argparse.Namespace) -> int:
     from ._logging import configure_logging
     from .app import build_app
     from .embedded_broker import EmbeddedBroker
+    from .emit.prometheus import family_total
     from .flags import settings_from_args
 
     console = Console()
@@ -338,8 +339,8 @@ def run_demo(namespace: argparse.Namespace) -> int:
                     for agent in {s.agent for s in SCENARIOS}
                     for outcome in ("judged", "failed", "sampled_out", "skipped_budget")
                 )
-                store = app.service.store
-                progress.update(assembled, completed=min(total, len(store.judging) + len(store.done)))
+                completed = family_total(registry, "tracejudge_conversations_completed")  # sent to the judge queue
+                progress.update(assembled, completed=min(total, int(completed)))
                 progress.update(judged, completed=done)
                 if done >= total:
                     break

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter, OrderedDict
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from tracejudge.tracer.text import clip
@@ -36,6 +36,7 @@ JUDGED_OUTCOMES = frozenset({"judged", "failed"})
 _SPAN_OVERHEAD = 200  # bytes a kept span costs beyond its text (ids, times, dict slots): an estimate, for the bound
 _STATE_OVERHEAD = 600
 MAX_FEEDBACK = 100
+MAX_DROPPED_IDS = 10_000  # span ids remembered per conversation beyond its kept turns (duplicates detection)
 MAX_DISPATCHED = 64  # content ids remembered per conversation (its judged versions)
 
 
@@ -62,16 +63,25 @@ class ConversationState:
     reordered: bool = False  # some event came another way than its partition's own order (e.g. keyed by trace id)
     end_due_ms: int | None = None  # an end marker that waits for turns still being routed
     size: int = _STATE_OVERHEAD
+    _dropped: set[str] = field(default_factory=set, repr=False, compare=False)  # dropped_span_ids, for lookups
 
     def seen(self, span_id: str) -> bool:
-        return span_id in self.turns or span_id in self.dropped_span_ids
+        return span_id in self.turns or span_id in self._dropped
+
+    def drop_ids(self, span_ids: list[str]) -> None:
+        self.dropped_span_ids.extend(span_ids)
+        self._dropped.update(span_ids)
+
+    def forget_oldest_ids(self, count: int) -> None:
+        self._dropped.difference_update(self.dropped_span_ids[:count])
+        del self.dropped_span_ids[:count]
 
     @property
     def last_content_id(self) -> str | None:
         return next(reversed(self.dispatched), None) if self.dispatched else None
 
     def to_json(self) -> dict[str, Any]:
-        data = {name: getattr(self, name) for name in self.__slots__ if name not in ("turns", "feedback")}  # type: ignore[attr-defined]
+        data = {name: getattr(self, name) for name in self.__slots__ if name not in ("turns", "feedback", "_dropped")}  # type: ignore[attr-defined]
         data["turns"] = [asdict(turn) for turn in self.turns.values()]
         data["feedback"] = [asdict(item) for item in self.feedback]
         return data
@@ -81,8 +91,9 @@ class ConversationState:
         values = dict(data)
         turns = [Turn(**turn) for turn in values.pop("turns", [])]
         feedback = [Feedback(**item) for item in values.pop("feedback", [])]
-        known = set(cls.__slots__)  # type: ignore[attr-defined]
+        known = set(cls.__slots__) - {"_dropped"}  # type: ignore[attr-defined]
         state = cls(**{k: v for k, v in values.items() if k in known})
+        state._dropped = set(state.dropped_span_ids)
         state.turns = {turn.span_id: turn for turn in turns}
         state.feedback = feedback
         return state
@@ -324,17 +335,39 @@ class ConversationTable:
         grown = _turn_size(turn)
         state.size += grown
         self.memory.used += grown
-        chars = state.size - _STATE_OVERHEAD - _SPAN_OVERHEAD * len(state.turns)
+        # the kept turns' text: the size less the overheads and the 40 bytes each remembered dropped span id costs
+        chars = state.size - _STATE_OVERHEAD - _SPAN_OVERHEAD * len(state.turns) - 40 * len(state.dropped_span_ids)
         while chars > self.max_chars and len(state.turns) > 1:  # the judge's window: the oldest spans go first
             oldest = min(state.turns.values(), key=lambda t: (t.start_ns, t.span_id))
             del state.turns[oldest.span_id]
-            state.dropped_span_ids.append(oldest.span_id)
+            state.drop_ids([oldest.span_id])
             shrink = _turn_size(oldest)
             state.size -= shrink - 40  # the id stays
             self.memory.used -= shrink - 40
             chars -= shrink - _SPAN_OVERHEAD
             state.truncated = True
             self.counts["spans_past_window"] += 1
+        self._bound_dropped(state)
+
+    def _new_window(self, state: ConversationState) -> None:
+        """The judged window's turns go (their span ids stay: a redelivered one is still a duplicate)."""
+        for turn in state.turns.values():
+            shrink = _turn_size(turn) - 40  # the id stays
+            state.size -= shrink
+            self.memory.used -= shrink
+        state.drop_ids(list(state.turns))
+        state.turns.clear()
+        self._bound_dropped(state)
+
+    def _bound_dropped(self, state: ConversationState) -> None:
+        """Dropped span ids are remembered up to MAX_DROPPED_IDS (the newest; a replay only redelivers recent spans)
+        so that one endless conversation's state stays within a changelog record."""
+        excess = len(state.dropped_span_ids) - MAX_DROPPED_IDS
+        if excess > 0:
+            state.forget_oldest_ids(excess)
+            state.size -= 40 * excess
+            self.memory.used -= 40 * excess
+            self.counts["span_ids_forgotten"] += excess
 
     @staticmethod
     def _add_feedback(state: ConversationState, feedback: Feedback) -> None:
@@ -354,11 +387,24 @@ class ConversationTable:
         if last is None or outcome in JUDGED_OUTCOMES:
             return  # judged: the feedback joins the verdict, no second call
         if outcome is None:
+            if self._join_outbox(state.id, last):
+                return  # not sampled yet (same record or poll batch): the feedback is part of that snapshot
             state.rejudge_on_outcome = True  # its outcome decides (see `verdict`)
             return
         self._dispatch(state, "negative_feedback", ts_ms, force=True)
 
+    def _join_outbox(self, conversation_id: str, content: str) -> bool:
+        """Mark the snapshot still waiting in the outbox negative (the sampler then always judges it)."""
+        for i, dispatch in enumerate(self._outbox):
+            job = dispatch.job
+            if job.conversation_id == conversation_id and job.content_id == content:
+                self._outbox[i] = Dispatch(replace(job, negative_feedback=True), dispatch.completed_ms)
+                return True
+        return False
+
     def _reopen(self, state: ConversationState) -> None:
+        if state.completed_by == "turn_cap":  # past the cap the conversation goes on in windows of max_turns turns
+            self._new_window(state)
         state.status = OPEN
         state.ended = False
         state.end_due_ms = None

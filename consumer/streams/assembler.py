@@ -29,6 +29,7 @@ from typing import Any
 
 from kafka import AsyncConsumerRebalanceListener, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.coordinator.assignors.cooperative_sticky import CooperativeStickyAssignor
+from kafka.errors import KafkaTimeoutError
 from kafka.structs import OffsetAndMetadata
 
 from tracejudge.tracer.rate_limited_log import RateLimitedLog
@@ -102,6 +103,7 @@ class Assembler(AsyncConsumerRebalanceListener):
         self.producer: KafkaProducer | None = None
         self.dead_letter: KafkaWriter | None = None
         self._send_failed = False
+        self._flush_timed_out = False
         self._stop = threading.Event()
         self.assigned = threading.Event()  # set once partitions were assigned and restored (ready)
         self._side_assignment: set[TopicPartition] = set()
@@ -115,6 +117,27 @@ class Assembler(AsyncConsumerRebalanceListener):
 
     def request_stop(self) -> None:
         self._stop.set()
+
+    def _new_producer(self) -> KafkaProducer:
+        settings = self.settings
+        return self.producer_factory(
+            bootstrap_servers=settings.bootstrap_servers,
+            client_id="tracejudge-state",
+            acks="all",
+            linger_ms=5,
+            **settings.producer_config(),
+        )
+
+    def _renew_producer(self) -> None:
+        """A send failed for good: a fresh producer (an idempotent producer whose id the brokers forgot, e.g. after
+        they lost their state, fails every later send with InitProducerId errors and never recovers)."""
+        old = self.producer
+        self.producer = self._new_producer()
+        if old is not None:
+            try:
+                old.close(timeout=0)
+            except Exception as exc:
+                logger.warning("closing the failed producer: %r", exc)
 
     def open(self) -> None:
         settings = self.settings
@@ -131,13 +154,7 @@ class Assembler(AsyncConsumerRebalanceListener):
         }
         if settings.group_instance_id:
             group_config["group_instance_id"] = settings.group_instance_id
-        self.producer = self.producer_factory(
-            bootstrap_servers=settings.bootstrap_servers,
-            client_id="tracejudge-state",
-            acks="all",
-            linger_ms=5,
-            **settings.producer_config(),
-        )
+        self.producer = self._new_producer()
         side_config = {k: v for k, v in common.items() if k not in ("group_id", "group_instance_id")}
         self.side = self.consumer_factory(
             bootstrap_servers=settings.bootstrap_servers,
@@ -486,7 +503,8 @@ class Assembler(AsyncConsumerRebalanceListener):
         except Exception as exc:
             self._send_error(topic, exc)
             return
-        future.add_errback(lambda exc: self._send_error(topic, exc))
+        producer = self.producer  # a renewed producer's aborted sends were already recovered from
+        future.add_errback(lambda exc: self._send_error(topic, exc) if producer is self.producer else None)
 
     def _send_error(self, topic: str, exc: BaseException) -> None:
         self._send_failed = True
@@ -516,9 +534,12 @@ class Assembler(AsyncConsumerRebalanceListener):
         tasks = [self.tasks[p] for p in sorted(partitions) if p in self.tasks and not self.tasks[p].restoring]
         if not tasks:
             return {}
-        self._send_failed = False
-        self.producer.flush(timeout=timeout_s)  # forwarded events and judge jobs acknowledged first
+        if not self._flush_timed_out:  # after a timed-out flush, a failure of what it waited for is still to be seen
+            self._send_failed = False
+        if not self._flushed(timeout_s):  # forwarded events and judge jobs acknowledged first
+            return {}
         if self._send_failed:
+            self._renew_producer()
             for task in tasks:
                 self._recover(task)
             return {}
@@ -541,8 +562,7 @@ class Assembler(AsyncConsumerRebalanceListener):
                 self._send(
                     self.topics.changelog, R.POSITIONS_KEY, R.dumps(positions), R.POSITIONS, partition=task.partition
                 )
-        self.producer.flush(timeout=timeout_s)
-        if self._send_failed:
+        if not self._flushed(timeout_s) or self._send_failed:
             return {}  # the changes stay unflushed and go out again at the next commit
         offsets: dict[TopicPartition, OffsetAndMetadata] = {}
         for task in tasks:
@@ -553,6 +573,22 @@ class Assembler(AsyncConsumerRebalanceListener):
                     task.input_position, "", -1
                 )
         return offsets
+
+    def _flushed(self, timeout_s: float) -> bool:
+        """Everything sent is acknowledged (or failed); False when the brokers did not answer in time (an outage:
+        nothing is committed, the producer keeps retrying and the next commit tries again)."""
+        assert self.producer is not None
+        try:
+            self.producer.flush(timeout=timeout_s)
+        except KafkaTimeoutError:
+            self._flush_timed_out = True
+            self._send_log.warning(
+                "internal topics unacknowledged after %.0fs: nothing is committed until they are (check the brokers)",
+                timeout_s,
+            )
+            return False
+        self._flush_timed_out = False
+        return True
 
     def commit(self) -> None:
         assert self.group is not None

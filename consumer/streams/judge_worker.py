@@ -18,6 +18,7 @@ from typing import Any
 
 from kafka import AsyncConsumerRebalanceListener, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.coordinator.assignors.cooperative_sticky import CooperativeStickyAssignor
+from kafka.errors import KafkaTimeoutError
 from kafka.structs import OffsetAndMetadata
 
 from tracejudge.tracer.rate_limited_log import RateLimitedLog
@@ -72,6 +73,7 @@ class JudgeWorker(AsyncConsumerRebalanceListener):
         self._budget_total = settings.max_cost_per_hour
         self._log = RateLimitedLog(logger, interval_s=10.0)
         self._ack_failed = False
+        self._flush_timed_out = False
         self._lag_reported: set[int] = set()
         self.joined = threading.Event()
         self.share_budget()
@@ -79,6 +81,27 @@ class JudgeWorker(AsyncConsumerRebalanceListener):
     @property
     def group_id(self) -> str:
         return f"{self.settings.group_id}-judges"
+
+    def _new_producer(self) -> KafkaProducer:
+        settings = self.settings
+        return self.producer_factory(
+            bootstrap_servers=settings.bootstrap_servers,
+            client_id="tracejudge-verdicts",
+            acks="all",
+            linger_ms=5,
+            **settings.producer_config(),
+        )
+
+    def _renew_producer(self) -> None:
+        """A send failed for good: a fresh producer (an idempotent producer whose id the brokers forgot, e.g. after
+        they lost their state, fails every later send with InitProducerId errors and never recovers)."""
+        old = self.producer
+        self.producer = self._new_producer()
+        if old is not None:
+            try:
+                old.close(timeout=0)
+            except Exception as exc:
+                logger.warning("closing the failed producer: %r", exc)
 
     def open(self) -> None:
         settings = self.settings
@@ -95,13 +118,7 @@ class JudgeWorker(AsyncConsumerRebalanceListener):
         }
         if settings.group_instance_id:
             config["group_instance_id"] = f"{settings.group_instance_id}-judges"
-        self.producer = self.producer_factory(
-            bootstrap_servers=settings.bootstrap_servers,
-            client_id="tracejudge-verdicts",
-            acks="all",
-            linger_ms=5,
-            **settings.producer_config(),
-        )
+        self.producer = self._new_producer()
         self.consumer = self.consumer_factory(**config)
         self.consumer.subscribe([self.topics.judge_queue], listener=self)
 
@@ -205,7 +222,8 @@ class JudgeWorker(AsyncConsumerRebalanceListener):
                 headers=R.header(R.VERDICT),
                 partition=job.partition,
             )
-            future.add_errback(self._ack_error)
+            producer = self.producer  # a renewed producer's aborted sends were already counted
+            future.add_errback(lambda exc: self._ack_error(exc) if producer is self.producer else None)
         except Exception as exc:
             self._ack_error(exc)
         self.offsets.release(job.key)
@@ -231,9 +249,17 @@ class JudgeWorker(AsyncConsumerRebalanceListener):
 
     def _ack_and_offsets(self, partitions: set[int] | None = None) -> dict[TopicPartition, OffsetAndMetadata]:
         assert self.producer is not None and self.consumer is not None
-        self._ack_failed = False
-        self.producer.flush(timeout=30)
+        if not self._flush_timed_out:  # after a timed-out flush, a failure of what it waited for is still to be seen
+            self._ack_failed = False
+        try:
+            self.producer.flush(timeout=30)
+        except KafkaTimeoutError:  # the brokers do not answer (an outage): nothing is committed, retried next time
+            self._flush_timed_out = True
+            self._log.warning("verdict acknowledgements unanswered after 30s: nothing committed (check the brokers)")
+            return {}
+        self._flush_timed_out = False
         if self._ack_failed:
+            self._renew_producer()
             return {}
         return {
             TopicPartition(self.topics.judge_queue, partition): OffsetAndMetadata(offset, "", -1)

@@ -27,7 +27,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from tests.consumer.test_pipeline import Collect
 from tests.support.judge_server import JudgeServer, Reply, conversation_text
-from tests.support.pipeline import RunningConsumer, consumer_settings, play, traced_app, wait_for
+from tests.support.pipeline import RunningConsumer, consumer_settings, last_outcome, play, traced_app, wait_for
 from tracejudge.consumer.embedded_broker import EmbeddedBroker
 from tracejudge.consumer.emit.prometheus import family_total
 from tracejudge.tracer import end_conversation, record_feedback
@@ -79,6 +79,11 @@ def judged_per_conversation(judge_server: JudgeServer, collect: Collect) -> tupl
     return at_server, in_results
 
 
+def judged_ids(collect: Collect) -> set[str]:
+    with collect.lock:
+        return {j.job.conversation_id for j in collect.judgements if j.outcome == "judged"}
+
+
 def negatives(consumer: RunningConsumer) -> float:
     return family_total(consumer.app.registry, "tracejudge_feedback", feedback="negative")
 
@@ -120,7 +125,7 @@ def test_negative_feedback_in_every_window_is_judged_once(
         # sampled out and finished, then feedback (twice for w-twice)
         play(provider, {c: ask(c) for c in ("w-sampled-out", "w-twice")})
         wait_for(
-            lambda: {"w-sampled-out", "w-twice"} <= set(consumer.app.service.store.done),
+            lambda: all(last_outcome(consumer.app.service, c) == "sampled_out" for c in ("w-sampled-out", "w-twice")),
             what="both sampled out and finished",
         )
         thumbs_down(provider, "w-sampled-out", "w-twice", "w-twice")
@@ -146,7 +151,7 @@ def test_negative_feedback_in_every_window_is_judged_once(
             "w-judged-already",
         }
         wait_for(lambda: negatives(consumer) == 10, what="every feedback read")
-        wait_for(lambda: set(collect.ids()) >= expected, what="every conversation judged")
+        wait_for(lambda: judged_ids(collect) >= expected, what="every conversation judged")
         consumer.stop()  # drains: a second judgement, if any were coming, would be counted below
     at_server, in_results = judged_per_conversation(judge_server, collect)
     print(f"\nfeedback windows: judge calls per conversation {dict(at_server)}")
@@ -190,10 +195,13 @@ def test_negative_feedback_after_a_budget_skip_is_judged_once(
         judge.release.set()
         # Skipped for budget and finished, then feedback.
         play(provider, {"w-skipped": ask("w-skipped")}, agent="paid")
-        wait_for(lambda: "w-skipped" in consumer.app.service.store.done, what="w-skipped skipped and finished")
+        wait_for(
+            lambda: last_outcome(consumer.app.service, "w-skipped") == "skipped_budget",
+            what="w-skipped skipped and finished",
+        )
         thumbs_down(provider, "w-skipped")
         expected = {"w-first-slow", "w-skip-waiting", "w-skipped"}
-        wait_for(lambda: set(collect.ids()) >= expected, what="every conversation judged")
+        wait_for(lambda: judged_ids(collect) >= expected, what="every conversation judged")
         skipped = consumer.sessions("skipped_budget")
         consumer.stop()
     at_server, in_results = judged_per_conversation(judge_server, collect)

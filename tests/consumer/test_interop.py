@@ -200,15 +200,32 @@ def test_two_replicas_judge_each_exported_conversation_once_whole(
     )
     exporter = KafkaSpanExporter(broker.bootstrap_servers, topic)
     with RunningConsumer(settings, extra_sinks=[first]) as a, RunningConsumer(settings, extra_sinks=[second]) as b:
+        wait_for(lambda: a.app.service.assigned.is_set() and b.app.service.assigned.is_set(), what="service ready")
         wait_for(
-            lambda: a.app.service._consumer.assignment() and b.app.service._consumer.assignment(),  # type: ignore[union-attr]
-            what="both members assigned",
+            lambda: all(
+                s.assembler.group.assignment() and s.judge_worker.consumer.assignment()  # type: ignore[union-attr]
+                for s in (a.app.service, b.app.service)
+            ),
+            what="both members assigned, in both groups",
         )
         for setup in SETUPS:
             for _, value in records(setup):  # each record the library's batch, exported again by our exporter
                 assert exporter.export(readable_spans(value)).name == "SUCCESS"
         wait_for(lambda: len(first.judgements) + len(second.judgements) >= len(SETUPS), what="every fixture judged")
-        time.sleep(IDLE_S + 1.0)  # a split conversation's other half would be judged by now
+        ids = [expected(setup)["conversation_id"] for setup in SETUPS]
+
+        def settled() -> bool:
+            """Every conversation completed, its outcome back at its owner; a split would show as an open remainder
+            or as a second snapshot (two content ids)."""
+            states = [a.app.service.conversation(c) or b.app.service.conversation(c) for c in ids]
+            return a.app.service.open_conversations() == b.app.service.open_conversations() == 0 and all(
+                s is not None and s.dispatched and None not in s.dispatched.values() for s in states
+            )
+
+        wait_for(settled, timeout=120, what="every conversation completed and its verdict acknowledged")
+        for cid in ids:
+            state = a.app.service.conversation(cid) or b.app.service.conversation(cid)
+            assert len(state.dispatched) == 1, (cid, state.dispatched)
     exporter.shutdown()
     judged = {j.job.conversation_id: j.job for j in first.judgements + second.judgements}
     assert len(first.judgements) + len(second.judgements) == len(SETUPS) == len(judged)

@@ -12,12 +12,13 @@ Windows for a result record (the offsets state machine's output side), each test
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 import uuid
 
 from tests.consumer.test_pipeline import scripted_judge
-from tests.support.judge_server import JudgeServer
+from tests.support.judge_server import JudgeServer, Reply
 from tests.support.pipeline import (
     RunningConsumer,
     consumer_settings,
@@ -30,10 +31,20 @@ from tracejudge.consumer.embedded_broker import EmbeddedBroker
 from tracejudge.consumer.emit._kafka_writer import KafkaWriter
 
 
+def wordy_judge(request: dict) -> Reply:
+    """The scripted verdict with the longest reason and evidence a judge may give (4,000 characters each)."""
+    reply = scripted_judge(request)
+    body = json.loads(reply.content or "{}")
+    body["reason"] = "r" * 4_000
+    body["evidence" if "evidence" in body else "key_issues"] = ["e" * 4_000] * 3
+    reply.content = json.dumps(body)
+    return reply
+
+
 def test_a_failed_result_write_keeps_its_offset_across_a_restart(
     broker: EmbeddedBroker, topic: str, judge_server: JudgeServer
 ) -> None:
-    judge_server.responder = scripted_judge
+    judge_server.responder = wordy_judge
     results = f"{topic}-results"
     broker.create_topic(results, 1)
     provider = traced_app(broker.bootstrap_servers, topic)
@@ -41,12 +52,13 @@ def test_a_failed_result_write_keeps_its_offset_across_a_restart(
     provider.shutdown()
     group = f"out-{uuid.uuid4().hex[:6]}"
     common = {"group_id": group, "metrics": "failure_rate", "results_topic": results}
-    # Every result record (about 1 KB) is over the producer's limit: each send fails, nothing reaches the topic.
+    # Every result record (a wordy verdict: about 16 KB) is over the producers' limit: each send fails, nothing
+    # reaches the results topic; the internal topics' records (about 1 KB: one short turn) pass.
     failing = consumer_settings(
         broker.bootstrap_servers,
         topic,
         **common,
-        kafka_config={"session_timeout_ms": 6000, "heartbeat_interval_ms": 1000, "max_request_size": 300},
+        kafka_config={"session_timeout_ms": 6000, "heartbeat_interval_ms": 1000, "max_request_size": 8192},
         shutdown_grace=2.0,
     )
     with RunningConsumer(failing) as first:
@@ -55,9 +67,11 @@ def test_a_failed_result_write_keeps_its_offset_across_a_restart(
             lambda: first.value("tracejudge_output_errors_total", output="results_topic") >= 4,
             what="each failed write retried",
         )
-        held = first.app.service.offsets.held()
+        worker = first.app.service.judge_worker
+        assert worker is not None
+        held = worker.offsets.held()
         errors = first.value("tracejudge_output_errors_total", output="results_topic")
-        assert held == 2  # both conversations still hold their first record
+        assert held == 2  # both judge-queue jobs still hold their offsets
         # SIGTERM's drain does not wait for results that can never be written: it ends within the grace period.
         stopping = time.monotonic()
         first.stop()

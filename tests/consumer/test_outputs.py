@@ -12,6 +12,7 @@ from tests.support.judge_server import JudgeServer, Reply, metric_of
 from tests.support.otlp_receiver import OtlpReceiver, attributes
 from tests.support.pipeline import RunningConsumer, consumer_settings, play, read_records, traced_app, wait_for
 from tracejudge.consumer.adapters import Turn
+from tracejudge.consumer.conversation.identity import content_id
 from tracejudge.consumer.conversations import JudgeJob
 from tracejudge.consumer.embedded_broker import EmbeddedBroker
 from tracejudge.consumer.emit.prometheus import ConsumerMetrics
@@ -69,9 +70,30 @@ def test_registry_values_and_cardinality_guard() -> None:
     assert get("tracejudge_hallucination_rate", {"agent": "_other"}) == 1.0
 
 
+GOLDEN_TURNS = (
+    Turn("00000000000000aa", "0" * 31 + "1", "", 1_700_000_000_000_000_000, 1_700_000_000_500_000_000,
+         "where is my order?", "it ships today", index=0),
+    Turn("00000000000000bb", "0" * 31 + "1", "", 1_700_000_001_000_000_000, 1_700_000_001_500_000_000,
+         "thanks", None, index=1),
+)  # fmt: skip
+
+
 def test_result_id_is_deterministic() -> None:
-    assert result_id("c", "failure_rate", 3) == result_id("c", "failure_rate", 3)
-    assert len({result_id("c", "failure_rate", 3), result_id("c", "failure_rate", 4), result_id("c", "x", 3)}) == 3
+    content = content_id("c", GOLDEN_TURNS)
+    assert result_id("c", "failure_rate", content) == result_id("c", "failure_rate", content)
+    tail = content_id("c", GOLDEN_TURNS[1:])
+    ids = {result_id("c", "failure_rate", content), result_id("c", "failure_rate", tail), result_id("c", "x", content)}
+    assert len(ids) == 3
+
+
+def test_content_and_result_ids_are_pinned() -> None:
+    """Golden values: result ids are stored by users (de-duplication, joins), so the hash and its material are a
+    contract; changing either must fail here, not silently re-key every result."""
+    content = content_id("conv-golden", GOLDEN_TURNS)
+    assert content == "865c12d5b413396421d42f91c974af86"
+    assert content_id("conv-golden", GOLDEN_TURNS[:1]) == "73feef5609869e049e4162f4cee51581"
+    assert result_id("conv-golden", "failure_rate", content) == "29069778fa740df54b7f931db2aaad00"
+    assert result_id("conv-golden", "conversational_flow", content) == "db7a5089179ccff653a6fcbcb035a75b"
 
 
 def test_scrape_otlp_and_results_topic(broker: EmbeddedBroker, topic: str, judge_server: JudgeServer) -> None:
@@ -115,6 +137,10 @@ def test_scrape_otlp_and_results_topic(broker: EmbeddedBroker, topic: str, judge
             ):
                 assert name in scraped, name
         # The app closed and flushed its OTLP providers on stop.
+        contents = {j.job.conversation_id: j.job.content_id for j in collect.judgements}
+        for judgement in collect.judgements:  # the job's content id names exactly the transcript it judged
+            assert judgement.job.content_id == content_id(judgement.job.conversation_id, judgement.job.turns)
+        assert len(set(contents.values())) == 2
         judged_turns = {
             j.job.conversation_id: (j.job.last_turn.trace_id, j.job.last_turn.span_id) for j in collect.judgements
         }
@@ -131,10 +157,9 @@ def test_scrape_otlp_and_results_topic(broker: EmbeddedBroker, topic: str, judge
             assert (span.trace_id.hex(), span.parent_span_id.hex()) == (trace_id, span_id)
             assert a["gen_ai.evaluation.name"] in ("failure_rate", "conversational_flow")
             assert a["gen_ai.agent.name"] == "support"
+            conversation = a["gen_ai.conversation.id"]
             assert a["tracejudge.evaluation.id"] == result_id(
-                a["gen_ai.conversation.id"],
-                a["gen_ai.evaluation.name"],
-                2 if a["gen_ai.conversation.id"] == "out-1" else 1,
+                conversation, a["gen_ai.evaluation.name"], contents[conversation]
             )
             for key in (
                 "gen_ai.evaluation.score.value",
@@ -160,7 +185,8 @@ def test_scrape_otlp_and_results_topic(broker: EmbeddedBroker, topic: str, judge
     assert len(records) == 4
     first = next(r for r in records if r["conversation_id"] == "out-1" and r["metric"] == "failure_rate")
     assert first["verdict"] == "hallucination" and first["score"] == 0.0 and first["turn_count"] == 2
-    assert first["result_id"] == result_id("out-1", "failure_rate", 2)
+    assert first["result_id"] == result_id("out-1", "failure_rate", contents["out-1"])
+    assert first["content_id"] == contents["out-1"]
     for key in ("reason", "evidence", "model", "cost_usd", "input_tokens", "output_tokens", "judged_at", "version"):
         assert key in first
     provider.shutdown()

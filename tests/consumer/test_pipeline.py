@@ -132,7 +132,7 @@ def test_duplicate_records_count_once(broker: EmbeddedBroker, topic: str, judge_
     settings = consumer_settings(broker.bootstrap_servers, topic, metrics="failure_rate")
     with RunningConsumer(settings, extra_sinks=[collect]) as consumer:
         wait_for(lambda: consumer.sessions("judged") == 1, what="one judgement")
-        assert consumer.app.service.store.counts.duplicate_spans == 4
+        assert consumer.app.service.counts()["duplicate_spans"] == 4
     assert len(collect.judgements) == 1 and len(collect.judgements[0].job.turns) == 2
     assert len(judge_server.requests) == 1
 

@@ -15,8 +15,11 @@ from tests.support.pipeline import (
     RunningConsumer,
     consumer_process,
     consumer_settings,
+    owns_partitions,
     play,
     result_records,
+    settled,
+    snapshots,
     traced_app,
     wait_for,
 )
@@ -39,14 +42,17 @@ def test_two_consumers_in_one_group_split_the_work(
     group = f"split-{uuid.uuid4().hex[:6]}"
     settings = consumer_settings(broker.bootstrap_servers, topic, group_id=group, metrics="failure_rate")
     with RunningConsumer(settings, extra_sinks=[first]) as a, RunningConsumer(settings, extra_sinks=[second]) as b:
-        wait_for(
-            lambda: a.app.service._consumer.assignment() and b.app.service._consumer.assignment(),  # type: ignore[union-attr]
-            what="both members assigned",
-        )
+        wait_for(lambda: owns_partitions(a) and owns_partitions(b), timeout=120, what="both members assigned")
         play(provider, conversations("split", 30))
         wait_for(lambda: a.sessions("judged") + b.sessions("judged") >= 30, what="30 judged")
-        time.sleep(1.5)  # nothing more arrives: no conversation is judged twice
+        ids = list(conversations("split", 30))
+        # Barrier: every verdict back at its conversation's owner, nothing open: a second judgement would need a
+        # second snapshot (checked below) or a job still in a pool.
+        wait_for(lambda: settled([a, b], ids), timeout=120, what="every conversation settled at its owner")
+        wait_for(lambda: a.app.service.pool.pending == b.app.service.pool.pending == 0, what="the pools empty")
+        assert all(snapshots([a, b], cid) == 1 for cid in ids)
         assert a.sessions("judged") > 0 and b.sessions("judged") > 0
+        assert a.sessions("judged") + b.sessions("judged") == 30
     ids = first.ids() + second.ids()
     assert sorted(ids) == sorted(conversations("split", 30))
     provider.shutdown()

@@ -30,9 +30,22 @@ def committed_offsets(bootstrap: str, topic: str, group: str) -> dict[int, int]:
         consumer.close()
 
 
+def ends(bootstrap: str, topic: str) -> dict[int, int]:
+    """Each partition's end offset, from what a fetch returns (Tansu answers ListOffsets wrongly)."""
+    last: dict[int, int] = {}
+    for record in read_all(bootstrap, topic):
+        last[record.partition] = max(last.get(record.partition, 0), record.offset + 1)
+    return last
+
+
+def at_ends(committed: dict[int, int], end: dict[int, int]) -> bool:
+    return bool(committed) and all(offset == end.get(p, 0) for p, offset in committed.items())
+
+
 def test_five_kill_9s_lose_nothing(broker: EmbeddedBroker, topic: str, judge_server: JudgeServer) -> None:
     judge_server.responder = scripted_judge
     results, group = f"{topic}-results", f"crash-{uuid.uuid4().hex[:6]}"
+    queue, judges = f"{group}-judge-queue", f"{group}-judges"  # the judge worker's topic and group
     broker.create_topic(results, 1)
     provider = traced_app(broker.bootstrap_servers, topic)
     ids = [f"crash-{i}" for i in range(CONVERSATIONS)]
@@ -53,7 +66,7 @@ def test_five_kill_9s_lose_nothing(broker: EmbeddedBroker, topic: str, judge_ser
     producer.start()
     rng = random.Random(20261130)
     thresholds = sorted(rng.sample(range(100, CONVERSATIONS - 200), KILLS))
-    kills: list[tuple[float, dict[int, int]]] = []
+    kills: list[tuple[float, dict[int, int], dict[int, int]]] = []
     process = consumer_process(broker, topic, group, results, TRACEJUDGE_MAX_CONCURRENCY="16")
     try:
         for threshold in thresholds:
@@ -61,20 +74,31 @@ def test_five_kill_9s_lose_nothing(broker: EmbeddedBroker, topic: str, judge_ser
             time.sleep(rng.uniform(0, 0.5))
             process.kill()
             process.wait(10)
-            kills.append((time.time(), committed_offsets(broker.bootstrap_servers, topic, group)))
+            kills.append(
+                (
+                    time.time(),
+                    committed_offsets(broker.bootstrap_servers, topic, group),
+                    committed_offsets(broker.bootstrap_servers, queue, judges),
+                )
+            )
             process = consumer_process(broker, topic, group, results, TRACEJUDGE_MAX_CONCURRENCY="16")
         producer.join(120)
         wait_for(lambda: len(judged()) == CONVERSATIONS, timeout=300, what="every conversation judged")
-        # Conversations judged before a kill whose results were not yet durable are judged again: wait until quiet.
-        quiet = {"count": -1, "since": time.monotonic()}
-
-        def settled() -> bool:
-            count = len(judge_server.requests)
-            if count != quiet["count"]:
-                quiet.update(count=count, since=time.monotonic())
-            return time.monotonic() - quiet["since"] > 8
-
-        wait_for(settled, timeout=120, what="no more judge calls")
+        # Conversations judged before a kill whose results were not yet durable are judged again. Barrier: every
+        # input record committed (its state and jobs durable), then every judge-queue job committed (its results
+        # delivered): nothing is left to judge again.
+        input_ends = ends(broker.bootstrap_servers, topic)
+        wait_for(
+            lambda: at_ends(committed_offsets(broker.bootstrap_servers, topic, group), input_ends),
+            timeout=180,
+            what="every input record committed",
+        )
+        queue_ends = ends(broker.bootstrap_servers, queue)
+        wait_for(
+            lambda: at_ends(committed_offsets(broker.bootstrap_servers, queue, judges), queue_ends),
+            timeout=180,
+            what="every judge-queue job committed",
+        )
     finally:
         process.terminate()
         process.wait(60)
@@ -91,18 +115,26 @@ def test_five_kill_9s_lose_nothing(broker: EmbeddedBroker, topic: str, judge_ser
     positions: dict[str, list[tuple[int, int, int]]] = defaultdict(list)
     for record in spans:
         positions[record.key.decode()].append((record.partition, record.offset, record.timestamp))
+    jobs: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    for record in read_all(broker.bootstrap_servers, queue):
+        jobs[record.key.decode()].append((record.partition, record.offset))
     first_judged: dict[str, float] = {}
     for body, at in zip(list(judge_server.requests), list(judge_server.request_times), strict=True):
         text = conversation_text(body)
         if "crash " in text:
             first_judged.setdefault("crash-" + text.split("crash ", 1)[1].split(" ", 1)[0], at)
-    exposed = 0  # judged before a kill, but with a record at or after the offset committed then
-    for killed_at, committed in kills:
+    # Judged before a kill, but with a span record at or after the input offset committed then (replayed into the
+    # state as of that commit) or a job at or after the judge-queue offset committed then (read again).
+    exposed = 0
+    for killed_at, committed, committed_jobs in kills:
         exposed += sum(
             1
             for cid, places in positions.items()
             if first_judged.get(cid, float("inf")) <= killed_at
-            and any(offset >= committed.get(p, 0) for p, offset, _stamp in places)
+            and (
+                any(offset >= committed.get(p, 0) for p, offset, _stamp in places)
+                or any(offset >= committed_jobs.get(p, 0) for p, offset in jobs.get(cid, ()))
+            )
         )
     assert duplicates <= exposed
     print(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import random
 import time
+from dataclasses import replace
 from typing import Any
 
 from hypothesis import HealthCheck, given, settings
@@ -21,11 +22,13 @@ from prometheus_client import CollectorRegistry
 
 from tests.support.pipeline import RunningConsumer, consumer_settings, wait_for
 from tracejudge.consumer.app import build_app
+from tracejudge.consumer.conversation.table import ConversationState
 from tracejudge.consumer.embedded_broker import EmbeddedBroker
 from tracejudge.consumer.pool import Judgement
 from tracejudge.consumer.results import result_record
-from tracejudge.consumer.service import ConsumerService
 from tracejudge.consumer.settings import Settings
+from tracejudge.consumer.streams import records as R
+from tracejudge.consumer.streams.assembler import Assembler, Task
 from tracejudge.metrics import MetricResult
 
 KEYS = [
@@ -61,34 +64,58 @@ any_value = st.one_of(
 _INGEST: dict[str, Any] = {}
 
 
-def ingest_service() -> ConsumerService:
-    """The real consumer service (build_app), not started: its ingest entry point is what the poll loop calls."""
-    if "service" not in _INGEST:
+def ingest() -> tuple[Assembler, Task]:
+    """The real stream-thread ingest path, not started: the service's metrics and sampler, an Assembler over one
+    partition (every event is applied locally: no repartition hop) and its task's ConversationTable. Its producer
+    is real but has no broker: the one thing a record can make it send (a feedback event for the judge worker)
+    fails at once and is counted, as it would be with the brokers down."""
+    if "assembler" not in _INGEST:
         settings_ = Settings.from_options(
             bootstrap_servers="127.0.0.1:9", topic="fuzz", metrics="failure_rate", max_turns_per_conversation=5
         )
-        _INGEST["service"] = build_app(settings_, registry=CollectorRegistry(), serve_metrics=False).service
-        _INGEST["offset"] = 0
-    return _INGEST["service"]
+        service = build_app(settings_, registry=CollectorRegistry(), serve_metrics=False).service
+        assembler = Assembler(
+            settings_, service.prometheus, service.instruments, service.sampler.should_judge, partitions=1
+        )
+        assembler.producer = KafkaProducer(
+            bootstrap_servers="127.0.0.1:9", api_version=(3, 9), max_block_ms=0, reconnect_backoff_max_ms=60_000
+        )
+        task = Task(0, assembler._table(), restoring=False)
+        assembler.tasks[0] = task
+        _INGEST.update(assembler=assembler, task=task, offset=0)
+    return _INGEST["assembler"], _INGEST["task"]
+
+
+def counted(assembler: Assembler) -> float:
+    records = assembler.prometheus.records
+    return records.labels(outcome="ok")._value.get() + records.labels(outcome="malformed")._value.get()
 
 
 def fold(value: bytes) -> None:
-    """One record through the consumer's real ingest path; nothing may escape, and it is counted exactly once."""
-    service = ingest_service()
+    """One record through the assembler's real ingest path; nothing may escape, and it is counted exactly once; what
+    it completes is dispatched as the judge queue carries it and read back as the judge worker does, and gives a
+    result record; its state survives the changelog's format."""
+    assembler, task = ingest()
     _INGEST["offset"] += 1
     record = ConsumerRecord("fuzz", 0, -1, _INGEST["offset"], 0, 0, b"k", value, [], None, 1, len(value), 0)
-    counted = service.prometheus.records.labels(outcome="ok")._value.get()
-    counted += service.prometheus.records.labels(outcome="malformed")._value.get()
-    service.pipeline.record(0, record, time.monotonic())
-    after = service.prometheus.records.labels(outcome="ok")._value.get()
-    after += service.prometheus.records.labels(outcome="malformed")._value.get()
-    assert after == counted + 1
-    service.store.expire_idle(time.monotonic() + 1e9)
-    for job in service.store.take_ready():  # what the judge and the outputs read must not raise either
-        job.judgeable_turns  # noqa: B018
+    before = counted(assembler)
+    assembler._input(task, record)
+    assert counted(assembler) == before + 1
+    table = task.table
+    now = int(time.time() * 1000)
+    table.advance(now + 10**12)  # everything idle completes; what was judged before is forgotten (retention)
+    for dispatch in table.take_dispatches():
+        job = dispatch.job
+        queued = R.loads(R.dumps(R.job_to_json(job, sampled=True, completed_ms=dispatch.completed_ms)))
+        again, sampled, completed_ms = R.job_from_json(queued, key=job.key, partition=0)
+        assert again == replace(job, partition=0) and sampled and completed_ms == dispatch.completed_ms
+        again.judgeable_turns  # noqa: B018
         result = MetricResult(name="failure_rate", threshold=0.5, model="m", score=1.0, verdict="honest_fallback")
-        json.dumps(result_record(Judgement(job, "judged", [result]), result))
-        service.store.finished(job, judged=False)
+        json.dumps(result_record(Judgement(again, "judged", [result]), result))
+        table.verdict(job.conversation_id, job.content_id, "judged", now)
+    changed, _removed = table.take_changes()
+    for state in changed:  # the changelog record, written and restored
+        assert ConversationState.from_json(R.loads(R.dumps(state.to_json()))) == state
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -225,10 +252,12 @@ def test_ten_thousand_hostile_records(broker: EmbeddedBroker, topic: str) -> Non
 
         wait_for(lambda: counted() == total, timeout=240, what=f"all {total} records counted")
         wait_for(lambda: consumer.sessions("sampled_out") >= 50 + 100, timeout=60, what="conversations completed")
-        store = consumer.app.service.store
+        service = consumer.app.service
         assert consumer.value("tracejudge_records_total", outcome="malformed") >= 8_000 + (1 if big_accepted else 0)
-        assert store.counts.truncated_conversations >= 99  # the 100,000-turn conversation, in windows of 1,000
-        assert all(len(c.turns) <= 1_000 for c in [*store.open.values(), *store.done.values()])
+        assert service.counts()["truncated_conversations"] >= 99  # the 100,000-turn conversation, in windows of 1,000
+        assert service.assembler is not None
+        kept = [state for task in list(service.assembler.tasks.values()) for state in list(task.table.states.values())]
+        assert kept and all(len(state.turns) <= 1_000 for state in kept)
     growth_mb = current_rss_mb() - rss_before
     assert growth_mb < 800, f"memory grew by {growth_mb:.0f} MB"
     print(
@@ -375,14 +404,15 @@ def hostile_records() -> list[tuple[str, bytes]]:
 def test_hostile_records_through_the_ingest_path() -> None:
     """Each hostile record, one by one, through the service's ingest entry point: counted once, nothing escapes."""
     records = hostile_records()
-    service = ingest_service()
-    malformed_before = service.prometheus.records.labels(outcome="malformed")._value.get()
+    assembler, _task = ingest()
+    malformed_records = assembler.prometheus.records.labels(outcome="malformed")
+    malformed_before = malformed_records._value.get()
     for _label, value in records:
         fold(value)
-    malformed = service.prometheus.records.labels(outcome="malformed")._value.get() - malformed_before
+    malformed = malformed_records._value.get() - malformed_before
     assert len(records) > 900 and malformed > 200
     fold(records[0][1])
-    assert service.prometheus.records.labels(outcome="malformed")._value.get() - malformed_before == malformed + 1
+    assert malformed_records._value.get() - malformed_before == malformed + 1
 
 
 def test_poison_records_never_stop_the_consumer(broker: EmbeddedBroker, topic: str, judge_server) -> None:
@@ -429,18 +459,24 @@ def test_poison_records_never_stop_the_consumer(broker: EmbeddedBroker, topic: s
         wait_for(lambda: consumer.sessions("judged") >= 2, what="the valid conversations after them judged")
         assert consumer.thread.is_alive()
         malformed = consumer.value("tracejudge_records_total", outcome="malformed")
-        wait_for(lambda: consumer.app.service.offsets.held() == 0, what="every conversation finished")
+        worker = consumer.app.service.judge_worker
+        assert worker is not None
+        wait_for(lambda: worker.offsets.held() == 0, what="every conversation finished")
     # Committed past: a restart of the same group reads none of them again (no crash loop on a poison record).
     with RunningConsumer(settings_) as restarted:
-        kafka = restarted.app.service._consumer
-        assert kafka is not None
+        wait_for(lambda: restarted.app.service.assigned.is_set(), timeout=120, what="the partitions assigned")
+        assembler = restarted.app.service.assembler
+        assert assembler is not None and assembler.group is not None
+        kafka = assembler.group
         wait_for(lambda: len(kafka.assignment()) == 3, what="the partitions assigned")
         lag = restarted.app.registry.get_sample_value
+        # Barrier: every partition's position at its high watermark (the lag gauge at 0), so anything re-read
+        # would have been counted by now.
         wait_for(
-            lambda: all(lag("tracejudge_consumer_lag", {"partition": str(p)}) is not None for p in range(3)),
-            what="every partition's position known",
+            lambda: all(lag("tracejudge_consumer_lag", {"partition": str(p)}) == 0 for p in range(3)),
+            timeout=120,
+            what="every partition read to its end",
         )
-        time.sleep(1.0)
         reread = restarted.value("tracejudge_records_total", outcome="ok") + restarted.value(
             "tracejudge_records_total", outcome="malformed"
         )

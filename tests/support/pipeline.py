@@ -197,3 +197,60 @@ def read_all(bootstrap: str, topic: str, timeout_s: float = 60.0) -> list:
     finally:
         consumer.close()
     return records
+
+
+def last_outcome(service: Any, conversation_id: str) -> str | None:
+    """The outcome the conversation's owner recorded for its latest snapshot (judged, sampled_out, ...), or None
+    while it is open or its verdict has not come back (read from the stream thread's table: retried on a race)."""
+    for _ in range(3):
+        try:
+            state = service.conversation(conversation_id)
+            if state is None or not state.dispatched:
+                return None
+            return state.dispatched[state.last_content_id]
+        except (RuntimeError, KeyError):  # the stream thread changed the dict while we read it
+            continue
+    return None
+
+
+def owns_partitions(consumer: RunningConsumer) -> bool:
+    """Both stages of the consumer own partitions: input (assembler) and judge queue (judge worker)."""
+    service = consumer.app.service
+    assembler, worker = service.assembler, service.judge_worker
+    return bool(
+        assembler is not None
+        and assembler.group is not None
+        and assembler.group.assignment()
+        and worker is not None
+        and worker.consumer is not None
+        and worker.consumer.assignment()
+    )
+
+
+def settled(consumers: list[RunningConsumer], conversation_ids: list[str]) -> bool:
+    """Nothing open anywhere and every conversation's snapshots have their outcome back at the owner: a conversation
+    judged twice or split would show as a second content id (see `snapshots`) or an open remainder."""
+    services = [c.app.service for c in consumers]
+    if any(service.open_conversations() for service in services):
+        return False
+    for cid in conversation_ids:
+        if last_outcome_any(services, cid) is None:
+            return False
+    return True
+
+
+def last_outcome_any(services: list[Any], conversation_id: str) -> str | None:
+    for service in services:
+        outcome = last_outcome(service, conversation_id)
+        if outcome is not None:
+            return outcome
+    return None
+
+
+def snapshots(consumers: list[RunningConsumer], conversation_id: str) -> int:
+    """How many snapshots (content ids) of the conversation its owner dispatched."""
+    for consumer in consumers:
+        state = consumer.app.service.conversation(conversation_id)
+        if state is not None:
+            return len(state.dispatched)
+    return 0
