@@ -58,7 +58,7 @@ CONSUMER_FLAGS: list[tuple[str, str, dict[str, Any]]] = [
     ("--group-instance-id", "group_instance_id", {}),
     ("--state-retention", "state_retention", {"metavar": "SECONDS"}),
     ("--max-state-bytes", "max_state_bytes", {}),
-    ("--max-conversation-chars", "max_conversation_chars", {}),
+    ("--max-conversation-bytes", "max_conversation_bytes", {}),
     ("--end-grace", "end_grace", {"metavar": "SECONDS"}),
 ]
 

@@ -160,10 +160,10 @@ class Settings(BaseSettings):
         2.0,
         "seconds an end marker waits for turns routed from other partitions (spans not keyed by conversation id)",
     )
-    max_conversation_chars: int = _env(
-        "TRACEJUDGE_MAX_CONVERSATION_CHARS",
-        400_000,
-        "text kept per conversation (its newest turns; the judge's window is smaller)",
+    max_conversation_bytes: int = _env(
+        "TRACEJUDGE_MAX_CONVERSATION_BYTES",
+        262_144,
+        "UTF-8 bytes of text kept per conversation (its newest turns; the judge's window is smaller)",
     )
     calibration: str | None = _env(
         "TRACEJUDGE_CALIBRATION",
@@ -241,7 +241,7 @@ class Settings(BaseSettings):
             "window_sessions",
             "max_open_conversations",
             "max_state_bytes",
-            "max_conversation_chars",
+            "max_conversation_bytes",
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")

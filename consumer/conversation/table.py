@@ -99,8 +99,14 @@ class ConversationState:
         return state
 
 
+def _utf8(text: str | None) -> int:
+    return len(text.encode("utf-8", "surrogatepass")) if text else 0
+
+
 def _turn_size(turn: Turn) -> int:
-    return _SPAN_OVERHEAD + len(turn.input or "") + len(turn.output or "")
+    """Bytes as the changelog will carry the text (UTF-8), plus an overhead estimate: the bound that keeps a
+    conversation's state record well under the brokers' 1 MB record limit."""
+    return _SPAN_OVERHEAD + _utf8(turn.input) + _utf8(turn.output)
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,14 +137,14 @@ class ConversationTable:
         *,
         idle_timeout_s: float = 300.0,
         max_turns: int = 1_000,
-        max_chars: int = 400_000,
+        max_bytes: int = 262_144,
         retention_s: float = 86_400.0,
         end_grace_s: float = 2.0,
         memory: MemoryBound | None = None,
     ) -> None:
         self.idle_ms = int(idle_timeout_s * 1000)
         self.max_turns = max_turns
-        self.max_chars = max_chars
+        self.max_bytes = max_bytes
         self.retention_ms = int(retention_s * 1000)
         self.end_grace_ms = int(end_grace_s * 1000)
         self._ending: dict[str, int] = {}  # conversation id → when its end marker completes it
@@ -337,7 +343,7 @@ class ConversationTable:
         self.memory.used += grown
         # the kept turns' text: the size less the overheads and the 40 bytes each remembered dropped span id costs
         chars = state.size - _STATE_OVERHEAD - _SPAN_OVERHEAD * len(state.turns) - 40 * len(state.dropped_span_ids)
-        while chars > self.max_chars and len(state.turns) > 1:  # the judge's window: the oldest spans go first
+        while chars > self.max_bytes and len(state.turns) > 1:  # the judge's window: the oldest spans go first
             oldest = min(state.turns.values(), key=lambda t: (t.start_ns, t.span_id))
             del state.turns[oldest.span_id]
             state.drop_ids([oldest.span_id])

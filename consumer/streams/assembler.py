@@ -284,7 +284,7 @@ class Assembler(AsyncConsumerRebalanceListener):
         return ConversationTable(
             idle_timeout_s=settings.session_idle_timeout,
             max_turns=settings.max_turns_per_conversation,
-            max_chars=settings.max_conversation_chars,
+            max_bytes=settings.max_conversation_bytes,
             retention_s=settings.state_retention,
             end_grace_s=settings.end_grace,
             memory=self.memory,
@@ -534,11 +534,12 @@ class Assembler(AsyncConsumerRebalanceListener):
         tasks = [self.tasks[p] for p in sorted(partitions) if p in self.tasks and not self.tasks[p].restoring]
         if not tasks:
             return {}
-        if not self._flush_timed_out:  # after a timed-out flush, a failure of what it waited for is still to be seen
-            self._send_failed = False
+        # `_send_failed` is cleared only here, once a failure was acted on: a send that failed between two commits
+        # (synchronously, or behind a flush that timed out) is never forgotten.
         if not self._flushed(timeout_s):  # forwarded events and judge jobs acknowledged first
             return {}
         if self._send_failed:
+            self._send_failed = False
             self._renew_producer()
             for task in tasks:
                 self._recover(task)
@@ -562,7 +563,11 @@ class Assembler(AsyncConsumerRebalanceListener):
                 self._send(
                     self.topics.changelog, R.POSITIONS_KEY, R.dumps(positions), R.POSITIONS, partition=task.partition
                 )
-        if not self._flushed(timeout_s) or self._send_failed:
+        if not self._flushed(timeout_s):
+            return {}  # the changes stay unflushed and go out again at the next commit
+        if self._send_failed:
+            self._send_failed = False
+            self._renew_producer()
             return {}  # the changes stay unflushed and go out again at the next commit
         offsets: dict[TopicPartition, OffsetAndMetadata] = {}
         for task in tasks:

@@ -11,6 +11,7 @@ each worker owns, so replicas together never exceed it.
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
 from collections.abc import Callable
@@ -73,6 +74,7 @@ class JudgeWorker(AsyncConsumerRebalanceListener):
         self._budget_total = settings.max_cost_per_hour
         self._log = RateLimitedLog(logger, interval_s=10.0)
         self._ack_failed = False
+        self._unacknowledged: queue.SimpleQueue[Judgement] = queue.SimpleQueue()
         self._flush_timed_out = False
         self._lag_reported: set[int] = set()
         self.joined = threading.Event()
@@ -178,6 +180,7 @@ class JudgeWorker(AsyncConsumerRebalanceListener):
                 self._record(tp.partition, record)
             self.offsets.consumed(tp.partition, records[-1].offset + 1)
         self.delivery.drain(self._finished)
+        self._resend_acknowledgements()
         self._backpressure()
 
     def _record(self, partition: int, record: Any) -> None:
@@ -210,28 +213,41 @@ class JudgeWorker(AsyncConsumerRebalanceListener):
             self.feedback.feedback(conversation_id, agent, feedback)
 
     def _finished(self, judgement: Judgement) -> None:
-        """Its outputs are durable: tell the conversation's owner the outcome, then its offset may be committed."""
+        """Its outputs are durable: tell the conversation's owner the outcome; the job's offset may be committed once
+        that acknowledgement is itself acknowledged (a failed one is sent again at the next step)."""
         job = judgement.job
         assert self.producer is not None
         value = R.dumps({"content_id": job.content_id, "outcome": judgement.outcome})
+        producer = self.producer
         try:
-            future = self.producer.send(
+            future = producer.send(
                 self.topics.repartition,
                 key=job.conversation_id.encode("utf-8", "surrogatepass"),
                 value=value,
                 headers=R.header(R.VERDICT),
                 partition=job.partition,
             )
-            producer = self.producer  # a renewed producer's aborted sends were already counted
-            future.add_errback(lambda exc: self._ack_error(exc) if producer is self.producer else None)
         except Exception as exc:
-            self._ack_error(exc)
-        self.offsets.release(job.key)
+            self._ack_error(exc, judgement)
+            return
+        future.add_callback(lambda _metadata: self.offsets.release(job.key))
+        future.add_errback(lambda exc: self._ack_error(exc, judgement) if producer is self.producer else None)
 
-    def _ack_error(self, exc: BaseException) -> None:
+    def _ack_error(self, exc: BaseException, judgement: Judgement) -> None:
         self._ack_failed = True
+        self._unacknowledged.put(judgement)
         self.prometheus.record_output_error("internal_topics")
-        self._log.warning("a verdict acknowledgement could not be written: %r (its job is judged again)", exc)
+        self._log.warning(
+            "a verdict acknowledgement could not be written: %r (sent again; its job stays uncommitted until then)", exc
+        )
+
+    def _resend_acknowledgements(self) -> None:
+        while True:
+            try:
+                judgement = self._unacknowledged.get_nowait()
+            except queue.Empty:
+                return
+            self._finished(judgement)
 
     def _backpressure(self) -> None:
         assert self.consumer is not None

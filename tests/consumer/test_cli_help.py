@@ -52,7 +52,7 @@ CONSUME_FLAGS = {
     "--group-instance-id": ("TRACEJUDGE_GROUP_INSTANCE_ID", "none"),
     "--state-retention": ("TRACEJUDGE_STATE_RETENTION", "86400.0"),
     "--max-state-bytes": ("TRACEJUDGE_MAX_STATE_BYTES", "536870912"),
-    "--max-conversation-chars": ("TRACEJUDGE_MAX_CONVERSATION_CHARS", "400000"),
+    "--max-conversation-bytes": ("TRACEJUDGE_MAX_CONVERSATION_BYTES", "262144"),
     "--end-grace": ("TRACEJUDGE_END_GRACE", "2.0"),
 }
 
