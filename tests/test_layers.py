@@ -69,7 +69,9 @@ def test_planted_violations_are_caught(tmp_path: Path) -> None:
         "metrics/cycle_b.py": "def f() -> None:\n    from . import cycle_a  # noqa: F401\n",
         "consumer/_planted.py": "def f() -> None:\n    from tracejudge.metrics import _llm  # noqa: F401\n",
         "consumer/conversation/planted_kafka.py": "def f() -> None:\n    import kafka  # noqa: F401\n",
-        "consumer/streams/planted_up.py": "def f() -> None:\n    from tracejudge.consumer import service  # noqa: F401\n",
+        "consumer/streams/planted_up.py": (
+            "def f() -> None:\n    from tracejudge.consumer import service  # noqa: F401\n"
+        ),
     }
     for path, text in planted.items():
         (tmp_path / "tracejudge" / path).write_text(text)
