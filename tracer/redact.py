@@ -24,7 +24,9 @@ DEFAULT_REGIONS: tuple[str, ...] = ("US", "GB", "DE", "FR", "IN")
 
 # Linear on any input (untrusted transcripts): a match starts only where a run of local-part characters starts, and
 # possessive runs never backtrack; the top-level domain (letters, 2+) is checked after the match, not by backtracking.
-_EMAIL = re.compile(r"(?<![\w.%+'-])[\w.%+-]++(?:'[\w.%+-]++)*+@([\w-]++(?:\.[\w-]++)*+)")
+# The address starts where its local part does: not inside a word, nor after a word and an apostrophe (o'brien),
+# but a quote before it is punctuation: reset_password('sam@example.com').
+_EMAIL = re.compile(r"(?<![\w.%+-])(?<![\w.%+-]')[\w.%+-]++(?:'[\w.%+-]++)*+@([\w-]++(?:\.[\w-]++)*+)")
 
 _API_KEY = re.compile(
     "|".join(

@@ -46,11 +46,10 @@ def test_builtin_gold_set_calibrates_to_the_end(judge_server: JudgeServer, tmp_p
     assert len(judge_server.requests) == len(expected) and len(judge_server.checks) == 1
     tools_007 = [r for r in judge_server.requests if TRACKING in conversation_text(r)]
     assert len(tools_007) == 2  # both metrics judged it; a tracking number is not PII, it stays
-    # Redaction was on: the gold set's e-mail addresses in prose never reach the judge. (An address quoted in a
-    # call, tools-001's `reset_password('sam.ortiz@example.com')`, is not redacted today: the e-mail pattern refuses
-    # a local part right after a quote. Reported, not fixed here: tracer/redact.py is not this change's.)
+    # Redaction was on: the gold set's e-mail addresses never reach the judge, in prose or quoted in a call
+    # (tools-001's `reset_password('sam.ortiz@example.com')`).
     sent = "\n".join(conversation_text(r) for r in judge_server.requests)
-    for prose in ("sam.ortiz@example.com, as I wrote", "lena.k@example.org", "new@example.com. OK"):
+    for prose in ("sam.ortiz@example.com, as I wrote", "lena.k@example.org", "new@example.com. OK", "('sam.ortiz@"):
         assert any(prose in u + a for item in dataset.items for u, a in item.turns), prose
         assert prose not in sent, prose
     assert "[EMAIL]" in sent

@@ -230,3 +230,15 @@ def test_redaction_is_bounded_on_any_digit_runs(word: str, groups: list[str], se
     text = word + separator.join(groups) + tail
     out = redact_pii(text)
     assert out.endswith(tail[-1:] if tail and tail[-1:].isalpha() else "")
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("reset_password('sam.ortiz@example.com')", "reset_password('[EMAIL]')"),
+        ('send to "lena.k@example.org" now', 'send to "[EMAIL]" now'),
+        ("mail o'brien@example.com today", "mail [EMAIL] today"),
+    ],
+)
+def test_an_address_after_a_quote_is_redacted_whole(text: str, expected: str) -> None:
+    assert redact_pii(text) == expected
