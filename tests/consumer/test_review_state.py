@@ -89,7 +89,7 @@ class FakeProducer:
 
     def send(self, topic: str, *, key: Any = None, value: Any = None, headers: Any = None, **kw: Any) -> _Future:
         partition = kw.get("partition")
-        if self.fail(topic, partition):
+        if self.fail(topic, partition) or (value is not None and len(value) > 1_048_576):  # kafka-python's limit
             return _Future(RuntimeError(f"send to {topic}/{partition} failed"))
         self.sent.append((topic, key, partition))
         return _Future(None)
@@ -204,3 +204,36 @@ def test_a_failed_send_is_not_forgotten_when_another_partition_is_revoked() -> N
     assert isinstance(group, FakeGroup)
     committed = {tp.partition: meta.offset for commit in group.commits for tp, meta in commit.items()}
     assert 0 not in committed, committed  # on `state`: {0: 10} — committed past the job that was never written
+
+
+class _Record:
+    def __init__(self, offset: int) -> None:
+        self.topic, self.partition, self.offset = "spans", 0, offset
+        self.key, self.value, self.timestamp, self.headers = b"trace-1", b"", 1000, []
+
+
+def test_an_input_record_too_large_to_route_does_not_stop_every_commit(monkeypatch: Any) -> None:
+    """A trace-keyed record (the Collector) of up to --max-record-bytes (8 MiB) is accepted, and its events are routed
+    unclipped (MAX_FIELD_CHARS applies only in the table) in ONE repartition record. Past the producer's
+    max_request_size (1 MiB) kafka-python fails that send (MessageSizeTooLargeError) every time: `_flush` recovers
+    every task, the replay fails again, and no input offset of the process is ever committed again (each cycle also
+    re-dispatches the jobs completed since the last commit: repeated judge calls)."""
+    from tracejudge.consumer.streams import assembler as module
+    from tracejudge.consumer.streams.partitioner import state_partition
+
+    cid = next(f"conv{i}" for i in range(100) if state_partition(f"conv{i}", 2) == 1)  # owned by partition 1
+    big = ConversationEvent(cid, "a", turn=Turn("s1", "t", "", 1, 2, "q" * 1_200_000, "a", index=0))
+    monkeypatch.setattr(module, "read_events", lambda value, **kw: ([big], None))
+    asm = assembler()
+    producer = asm.producer
+    assert isinstance(producer, FakeProducer)
+    for _cycle in range(3):  # read the record, commit; on failure the task is rebuilt and the record read again
+        task = asm.tasks.get(0) or Task(0, asm._table(), restoring=False)
+        task.restoring = False
+        asm.tasks = {0: task}
+        asm._input(task, _Record(5))
+        task.input_position = 6
+        asm.commit()
+    group = asm.group
+    assert isinstance(group, FakeGroup)
+    assert group.commits, "three commit cycles, nothing committed: the record is neither routed nor set aside"
