@@ -59,6 +59,9 @@ def cmd_consume(namespace: argparse.Namespace) -> int:
     except StartupError as exc:
         print(f"tracejudge: {exc}", file=sys.stderr)
         return exc.exit_code
+    if app.service.failure is not None:  # logged with its traceback; the exit says it did not stop cleanly
+        print(f"tracejudge: stopped on an internal error: {app.service.failure!r}", file=sys.stderr)
+        return 1
     return 0
 
 

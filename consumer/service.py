@@ -219,7 +219,11 @@ class ConsumerService:
         self.ready.set()
         try:
             if self.assembler is not None:
-                self._assemble_loop(self.assembler)
+                try:
+                    self._assemble_loop(self.assembler)
+                except Exception as exc:  # as the judge thread: the process stops and says why
+                    logger.exception("the assembler failed; stopping (records since the last commit are read again)")
+                    self.failure = exc
             else:
                 while not self._stop.wait(0.2):
                     self._note_assigned()

@@ -221,7 +221,6 @@ class ConversationTable:
             state.truncated = True
             self.counts["truncated_conversations"] += 1
             self._complete(state, "turn_cap", ts_ms)
-        self._enforce_memory(ts_ms)
 
     def verdict(self, conversation_id: str, cid_content: str, outcome: str, ts_ms: int) -> None:
         """The judges' outcome for a snapshot (judged, failed, sampled out, skipped for budget)."""
@@ -271,13 +270,18 @@ class ConversationTable:
                 self._complete(state, "idle_timeout", state.last_ms + self.idle_ms)
             else:  # feedback alone, never a turn
                 self._forget(state, "empty")
-        while self._completed:
-            cid = next(iter(self._completed))
+        expired: list[ConversationState] = []
+        for cid in self._completed:  # by completion time: stops at the first one still within retention
             state = self.states[cid]
             if state.completed_ms is None or now_ms - state.completed_ms < self.retention_ms:
                 break
-            if any(outcome is None for outcome in state.dispatched.values()):
-                break  # its outcome is not back yet: kept until it is
+            waiting = any(outcome is None for outcome in state.dispatched.values())
+            if waiting and now_ms - state.completed_ms < 2 * self.retention_ms:
+                continue  # its outcome is not back yet: kept a while longer, without holding up the others
+            if waiting:
+                self.counts["outcomes_never_returned"] += 1
+            expired.append(state)
+        for state in expired:
             self._forget(state, "retention")
 
     def complete_oldest(self, now_ms: int) -> bool:
@@ -376,16 +380,22 @@ class ConversationTable:
             self.counts["span_ids_forgotten"] += excess
 
     @staticmethod
-    def _add_feedback(state: ConversationState, feedback: Feedback) -> None:
+    def _add_feedback(state: ConversationState, feedback: Feedback) -> bool:
+        """False for a feedback span already folded in (a replay)."""
+        if any(item.span_id == feedback.span_id for item in state.feedback):
+            return False
+        feedback.comment = None if feedback.comment is None else clip(feedback.comment, 1_000)
         if len(state.feedback) < MAX_FEEDBACK:
             state.feedback.append(feedback)
         if feedback.negative:
             state.negative_feedback = True
+        return True
 
     def _feedback(self, state: ConversationState, feedback: Feedback, ts_ms: int) -> None:
         """Feedback for a completed conversation: negative feedback gets the last snapshot judged, exactly once."""
         already_negative = state.negative_feedback
-        self._add_feedback(state, feedback)
+        if not self._add_feedback(state, feedback):
+            return
         if not feedback.negative or (already_negative and state.rejudge_on_outcome):
             return
         last = state.last_content_id
@@ -475,15 +485,15 @@ class ConversationTable:
         self._removed.add(state.id)
         self.counts[f"forgotten_{reason}"] += 1
 
-    def _enforce_memory(self, now_ms: int) -> None:
-        """Past the memory bound: forget completed conversations (oldest first), then complete the least recently
-        active open ones (`memory_bound`): counted, and a continuation then starts without the forgotten history."""
-        while self.memory.over and self._completed:
-            cid = next(iter(self._completed))
-            self._forget(self.states[cid], "memory")
-        while self.memory.over and self._open:
-            cid = next(iter(self._open))
-            state = self.states[cid]
-            if state.turns:
-                self._complete(state, "memory_bound", now_ms)
-            self._forget(state, "memory")
+    def oldest_completed_ms(self) -> int | None:
+        """When the oldest completed conversation completed (for process-wide eviction), None when there is none."""
+        if not self._completed:
+            return None
+        return self.states[next(iter(self._completed))].completed_ms or 0
+
+    def forget_oldest_completed(self) -> bool:
+        """The memory bound: forget the oldest completed conversation (counted); False when none is kept."""
+        if not self._completed:
+            return False
+        self._forget(self.states[next(iter(self._completed))], "memory")
+        return True

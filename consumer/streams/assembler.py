@@ -33,8 +33,10 @@ from kafka.errors import KafkaTimeoutError
 from kafka.structs import OffsetAndMetadata
 
 from tracejudge.tracer.rate_limited_log import RateLimitedLog
+from tracejudge.tracer.text import clip
 
 from ..adapters import ConversationEvent
+from ..conversation.job import MAX_FIELD_CHARS
 from ..conversation.reading import read_events
 from ..conversation.table import COMPLETED, OPEN, ConversationState, ConversationTable, MemoryBound
 from ..conversation.textless import TextlessSpans
@@ -50,6 +52,40 @@ from .topics import InternalTopics
 logger = logging.getLogger("tracejudge.consumer.streams")
 FUTURE_SLACK_MS = 5 * 60 * 1000  # a record stamped further ahead than this (a producer's bad clock) is not believed
 WATERMARK_INTERVAL_S = 0.5
+
+
+ROUTED_RECORD_BYTES = 512 * 1024
+
+
+def _clipped(event: ConversationEvent) -> dict[str, Any]:
+    """An event as routed: its text clipped as the table would clip it (a routed record stays small)."""
+    data = R.event_to_json(event)
+    turn = data.get("turn")
+    if turn is not None:
+        for side in ("input", "output"):
+            if turn.get(side) is not None:
+                turn[side] = clip(turn[side], MAX_FIELD_CHARS)
+    feedback = data.get("feedback")
+    if feedback is not None and feedback.get("comment") is not None:
+        feedback["comment"] = clip(feedback["comment"], 1_000)
+    return data
+
+
+def _chunks(events: list[dict[str, Any]]) -> list[bytes]:
+    """Routed events in records of at most ROUTED_RECORD_BYTES (one event a record at the very least)."""
+    out: list[bytes] = []
+    batch: list[dict[str, Any]] = []
+    size = 0
+    for event in events:
+        encoded = len(R.dumps(event))
+        if batch and size + encoded > ROUTED_RECORD_BYTES:
+            out.append(R.dumps({"events": batch}))
+            batch, size = [], 0
+        batch.append(event)
+        size += encoded
+    if batch:
+        out.append(R.dumps({"events": batch}))
+    return out
 
 
 def wall_ms() -> int:
@@ -107,6 +143,7 @@ class Assembler(AsyncConsumerRebalanceListener):
         self._stop = threading.Event()
         self.assigned = threading.Event()  # set once partitions were assigned and restored (ready)
         self._side_assignment: set[TopicPartition] = set()
+        self._side_owners: dict[TopicPartition, int] = {}
         self._malformed_log = RateLimitedLog(logger, interval_s=10.0)
         self.textless = TextlessSpans(prometheus.record_textless_span)
         self._send_log = RateLimitedLog(logger, interval_s=10.0)
@@ -207,6 +244,7 @@ class Assembler(AsyncConsumerRebalanceListener):
         self._finish_restores()
         self._advance()
         self._bound_open()
+        self._bound_memory()
         self._dispatch()
         self._broadcast_watermarks()
 
@@ -255,7 +293,7 @@ class Assembler(AsyncConsumerRebalanceListener):
             return
         assert self.group is not None
         try:
-            offsets = self._flush(mine)  # the new owner restores what we flush now
+            offsets = self._flush(mine, timeout_s=5.0, revoking=True)  # the new owner restores what we flush now
             if offsets:
                 await self.group.commit_async(offsets)
         except Exception as exc:
@@ -299,13 +337,17 @@ class Assembler(AsyncConsumerRebalanceListener):
                 wanted[TopicPartition(self.topics.changelog, task.partition)] = task.changelog_position
             else:
                 wanted[TopicPartition(self.topics.repartition, task.partition)] = task.repartition_position
-        if set(wanted) == self._side_assignment:
+        owners = {tp: id(self.tasks[tp.partition]) for tp in wanted}
+        if set(wanted) == self._side_assignment and owners == self._side_owners:
             return
-        added = set(wanted) - self._side_assignment
+        # A partition whose task changed (lost and assigned again within one poll) is sought too: assign() keeps
+        # the old position of a partition that stays assigned, and a restore must start at the beginning.
+        moved = {tp for tp in wanted if tp not in self._side_assignment or self._side_owners.get(tp) != owners[tp]}
         self.side.assign(list(wanted))
-        for tp in added:
+        for tp in moved:
             self.side.seek(tp, wanted[tp])
         self._side_assignment = set(wanted)
+        self._side_owners = owners
 
     def _restore(self, task: Task, record: Any) -> None:
         self.instruments.restored.inc()
@@ -372,14 +414,15 @@ class Assembler(AsyncConsumerRebalanceListener):
         if local:
             self.instruments.routed.labels(route="local").inc(local)
         for cid, items in remote.items():
-            self._send(
-                self.topics.repartition,
-                cid,
-                R.dumps({"events": [R.event_to_json(e) for e in items]}),
-                R.EVENTS,
-                partition=state_partition(cid, self.partitions),
-                timestamp_ms=ts,
-            )
+            for chunk in _chunks([_clipped(e) for e in items]):  # well under the brokers' 1 MB record limit
+                self._send(
+                    self.topics.repartition,
+                    cid,
+                    chunk,
+                    R.EVENTS,
+                    partition=state_partition(cid, self.partitions),
+                    timestamp_ms=ts,
+                )
             self.instruments.routed.labels(route="repartition").inc(len(items))
         if failure is not None:
             self._malformed(record, failure)
@@ -470,13 +513,30 @@ class Assembler(AsyncConsumerRebalanceListener):
 
     def _bound_open(self) -> None:
         """Past --max-open-conversations, the least recently active open conversations complete (`memory_bound`,
-        counted): pausing cannot help, since a paused partition's clock stands still and nothing would complete."""
-        excess = sum(task.table.open_count for task in self.tasks.values()) - self.settings.max_open_conversations
-        while excess > 0:
-            busiest = max(self.tasks.values(), key=lambda t: t.table.open_count)
+        counted): pausing cannot help, since a paused partition's clock stands still and nothing would complete.
+        Restoring partitions take no part: what they hold is already in the changelog."""
+        active = [task for task in self.tasks.values() if not task.restoring]
+        excess = sum(task.table.open_count for task in active) - self.settings.max_open_conversations
+        while excess > 0 and active:
+            busiest = max(active, key=lambda t: t.table.open_count)
             if busiest.table.open_count == 0 or not busiest.table.complete_oldest(busiest.watermark_ms):
                 return
             excess -= 1
+
+    def _bound_memory(self) -> None:
+        """Past --max-state-bytes, process-wide: the oldest completed conversation of any partition is forgotten
+        first; only when none is left do the least recently active open ones complete (`memory_bound`, counted),
+        to be forgotten in turn once they were dispatched."""
+        active = [task for task in self.tasks.values() if not task.restoring]
+        while self.memory.over and active:
+            kept = [(t.table.oldest_completed_ms(), t) for t in active]
+            candidates = [(ms, t) for ms, t in kept if ms is not None]
+            if candidates:
+                min(candidates, key=lambda c: c[0])[1].table.forget_oldest_completed()
+                continue
+            busiest = max(active, key=lambda t: t.table.open_count)
+            if busiest.table.open_count == 0 or not busiest.table.complete_oldest(busiest.watermark_ms):
+                return
 
     def _dispatch(self) -> None:
         for task in self.tasks.values():
@@ -528,20 +588,29 @@ class Assembler(AsyncConsumerRebalanceListener):
 
     # -- commit ----------------------------------------------------------------------------------------------------
 
-    def _flush(self, partitions: set[int], timeout_s: float = 30.0) -> dict[TopicPartition, OffsetAndMetadata]:
-        """Make the tasks' progress durable; returns the input offsets that may now be committed (empty if not)."""
+    def _flush(
+        self, partitions: set[int], timeout_s: float = 30.0, *, revoking: bool = False
+    ) -> dict[TopicPartition, OffsetAndMetadata]:
+        """Make the tasks' progress durable; returns the input offsets that may now be committed (empty if not).
+
+        Three acknowledged steps, in Kafka Streams' order: what the records caused (routed events, judge jobs), then
+        the changed conversations, then the positions; a positions record is never durable before the states it
+        covers. `_send_failed` is process-wide and cleared only once every active task was recovered from it: a send
+        that failed between two commits (synchronously, or behind a flush that timed out) is never forgotten, also
+        when a revocation flushes only some partitions (revoked tasks are dropped, not recovered: the new owner
+        re-reads from the last commit)."""
         assert self.producer is not None
         tasks = [self.tasks[p] for p in sorted(partitions) if p in self.tasks and not self.tasks[p].restoring]
         if not tasks:
             return {}
-        # `_send_failed` is cleared only here, once a failure was acted on: a send that failed between two commits
-        # (synchronously, or behind a flush that timed out) is never forgotten.
-        if not self._flushed(timeout_s):  # forwarded events and judge jobs acknowledged first
+        if not self._flushed(timeout_s):
             return {}
         if self._send_failed:
+            if revoking:
+                return {}
             self._send_failed = False
             self._renew_producer()
-            for task in tasks:
+            for task in [t for t in self.tasks.values() if not t.restoring]:
                 self._recover(task)
             return {}
         for task in tasks:
@@ -553,7 +622,13 @@ class Assembler(AsyncConsumerRebalanceListener):
             for cid, state in task.unflushed.items():
                 value = None if state is None else R.dumps(state.to_json())
                 self._send(self.topics.changelog, cid, value, R.STATE, partition=task.partition)
-            if task.unflushed or task.positions_dirty:
+        if not self._flushed(timeout_s) or self._failed_again(revoking):
+            return {}  # the changes stay unflushed and go out again at the next commit
+        for task in tasks:
+            if task.unflushed:
+                task.positions_dirty = True
+            task.unflushed.clear()
+            if task.positions_dirty:
                 positions = {
                     "input": task.input_position,
                     "repartition": task.repartition_position,
@@ -563,21 +638,25 @@ class Assembler(AsyncConsumerRebalanceListener):
                 self._send(
                     self.topics.changelog, R.POSITIONS_KEY, R.dumps(positions), R.POSITIONS, partition=task.partition
                 )
-        if not self._flushed(timeout_s):
-            return {}  # the changes stay unflushed and go out again at the next commit
-        if self._send_failed:
-            self._send_failed = False
-            self._renew_producer()
-            return {}  # the changes stay unflushed and go out again at the next commit
+        if not self._flushed(timeout_s) or self._failed_again(revoking):
+            return {}
         offsets: dict[TopicPartition, OffsetAndMetadata] = {}
         for task in tasks:
-            task.unflushed.clear()
             task.positions_dirty = False
             if task.input_position is not None and task.input_position != task.committed_input:
                 offsets[TopicPartition(self.settings.topic, task.partition)] = OffsetAndMetadata(
                     task.input_position, "", -1
                 )
         return offsets
+
+    def _failed_again(self, revoking: bool) -> bool:
+        """A changelog write failed: a fresh producer, nothing committed; the writes go out again next time."""
+        if not self._send_failed:
+            return False
+        if not revoking:
+            self._send_failed = False
+            self._renew_producer()
+        return True
 
     def _flushed(self, timeout_s: float) -> bool:
         """Everything sent is acknowledged (or failed); False when the brokers did not answer in time (an outage:

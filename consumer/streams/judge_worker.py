@@ -242,7 +242,7 @@ class JudgeWorker(AsyncConsumerRebalanceListener):
         )
 
     def _resend_acknowledgements(self) -> None:
-        while True:
+        for _ in range(self._unacknowledged.qsize()):  # what failed until now: one that fails again waits a step
             try:
                 judgement = self._unacknowledged.get_nowait()
             except queue.Empty:
