@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter, OrderedDict
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from tracejudge.tracer.text import clip
@@ -37,6 +37,13 @@ _SPAN_OVERHEAD = 200  # bytes a kept span costs beyond its text (ids, times, dic
 _STATE_OVERHEAD = 600
 MAX_FEEDBACK = 100
 MAX_DISPATCHED = 64  # content ids remembered per conversation (its judged versions)
+_FIELDS = {kind: tuple(f.name for f in fields(kind)) for kind in (Turn, Feedback)}
+
+
+def plain(item: Turn | Feedback) -> dict[str, Any]:
+    """A turn or feedback as a dict: `dataclasses.asdict` without its recursive deep copy (every field is a str,
+    number, bool or None), which was the largest cost of writing a state to the changelog."""
+    return {name: getattr(item, name) for name in _FIELDS[type(item)]}
 
 
 @dataclass(slots=True)
@@ -72,8 +79,8 @@ class ConversationState:
 
     def to_json(self) -> dict[str, Any]:
         data = {name: getattr(self, name) for name in self.__slots__ if name not in ("turns", "feedback")}  # type: ignore[attr-defined]
-        data["turns"] = [asdict(turn) for turn in self.turns.values()]
-        data["feedback"] = [asdict(item) for item in self.feedback]
+        data["turns"] = [plain(turn) for turn in self.turns.values()]
+        data["feedback"] = [plain(item) for item in self.feedback]
         return data
 
     @classmethod
