@@ -64,16 +64,26 @@ def table(results: dict[str, Any]) -> str:
         )
     ingest = results.get("consumer_ingest")
     if ingest:
-        for name in ingest["figures"]:
-            key = "bare" if name.startswith("bare") else "tracejudge"
-            rows.append(
-                (
-                    "consumer ingest",
-                    name,
-                    f"{ingest['records_per_s'][key]:.0f} records/s, {ingest['spans_per_s'][key]:.0f} spans/s",
-                    "1.00x" if key == "bare" else f"{ingest['ours_vs_bare']:.2f}x bare",
+        for keyed_by, row in ingest["inputs"].items():
+            for name in row["figures"]:
+                rows.append(
+                    (
+                        f"consumer ingest, {keyed_by}-keyed",
+                        name,
+                        f"{row['records_per_s'][name]:.0f} records/s, {row['spans_per_s'][name]:.0f} spans/s",
+                        f"{row['vs_bare'][name]:.2f}x bare",
+                    )
                 )
+    restore = results.get("state_restore")
+    if restore:
+        rows.append(
+            (
+                "state restore",
+                f"{restore['conversations']:,} conversations",
+                f"{restore['median_s']:.2f} s ({restore['records_per_s']:.0f} records/s)",
+                f"{restore['seconds_per_100k']:.1f} s per 100k",
             )
+        )
     memory = results.get("memory")
     if memory:
         for row in memory.values():
@@ -110,14 +120,21 @@ def table(results: dict[str, Any]) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m bench")
-    benches = ["tracer", "judge", "ingest", "memory", "tokens", "cost"]
-    parser.add_argument("--only", choices=benches, action="append", help="run these only; others keep their results")
+    benches = ["tracer", "judge", "ingest", "restore", "memory", "tokens", "cost"]
+    parser.add_argument(
+        "--only",
+        type=lambda value: [name.strip() for name in value.split(",")],
+        action="extend",
+        help=f"comma-separated, of {', '.join(benches)}: run these only; others keep their results",
+    )
     parser.add_argument("--quick", action="store_true", help="smaller sizes, three rounds: a smoke run")
     args = parser.parse_args()
     logging.basicConfig(level=logging.CRITICAL)
     for noisy in ("langfuse", "opentelemetry", "kafka", "LiteLLM"):
         logging.getLogger(noisy).setLevel(logging.CRITICAL)
     only = set(args.only or benches)
+    if only - set(benches):
+        parser.error(f"unknown bench: {', '.join(sorted(only - set(benches)))} (choose from {', '.join(benches)})")
     rounds = 3 if args.quick else 5
     results: dict[str, Any] = json.loads(RESULTS.read_text()) if args.only and RESULTS.exists() else {}
     results.update({"machine": machine(), "date": datetime.now(UTC).isoformat(timespec="seconds")})
@@ -132,7 +149,12 @@ def main() -> int:
     if "ingest" in only:
         from bench import consumer_ingest
 
-        results["consumer_ingest"] = consumer_ingest.run(spans=20_000 if args.quick else 100_000, rounds=rounds)
+        results["consumer_ingest"] = consumer_ingest.run(conversations=5_000 if args.quick else 20_000, rounds=rounds)
+    if "restore" in only:
+        from bench import state_restore
+
+        size = 20_000 if args.quick else 100_000
+        results["state_restore"] = state_restore.run(conversations=size, rounds=2 if args.quick else 3)
     if "memory" in only:
         from bench import memory
 

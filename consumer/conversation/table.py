@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter, OrderedDict
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from tracejudge.tracer.text import clip
@@ -38,6 +38,13 @@ _STATE_OVERHEAD = 600
 MAX_FEEDBACK = 100
 MAX_DROPPED_IDS = 10_000  # span ids remembered per conversation beyond its kept turns (duplicates detection)
 MAX_DISPATCHED = 64  # content ids remembered per conversation (its judged versions)
+_FIELDS = {kind: tuple(f.name for f in fields(kind)) for kind in (Turn, Feedback)}
+
+
+def plain(item: Turn | Feedback) -> dict[str, Any]:
+    """A turn or feedback as a dict: `dataclasses.asdict` without its recursive deep copy (every field is a str,
+    number, bool or None), which was the largest cost of writing a state to the changelog."""
+    return {name: getattr(item, name) for name in _FIELDS[type(item)]}
 
 
 @dataclass(slots=True)
@@ -82,8 +89,8 @@ class ConversationState:
 
     def to_json(self) -> dict[str, Any]:
         data = {name: getattr(self, name) for name in self.__slots__ if name not in ("turns", "feedback", "_dropped")}  # type: ignore[attr-defined]
-        data["turns"] = [asdict(turn) for turn in self.turns.values()]
-        data["feedback"] = [asdict(item) for item in self.feedback]
+        data["turns"] = [plain(turn) for turn in self.turns.values()]
+        data["feedback"] = [plain(item) for item in self.feedback]
         return data
 
     @classmethod

@@ -9,10 +9,10 @@ registry.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
 from typing import Any
 
 from ..adapters import ConversationEvent, Feedback, Turn
+from ..conversation.table import plain
 from ..conversations import JudgeJob
 
 KIND = "tracejudge.kind"
@@ -48,8 +48,8 @@ def event_to_json(event: ConversationEvent) -> dict[str, Any]:
         "agent": event.agent,
         "agent_named": event.agent_named,
         "ended": event.ended,
-        "turn": None if event.turn is None else asdict(event.turn),
-        "feedback": None if event.feedback is None else asdict(event.feedback),
+        "turn": None if event.turn is None else plain(event.turn),
+        "feedback": None if event.feedback is None else plain(event.feedback),
     }
 
 
@@ -71,7 +71,7 @@ def job_to_json(job: JudgeJob, *, sampled: bool, completed_ms: int) -> dict[str,
         "agent": job.agent,
         "version": job.version,
         "content_id": job.content_id,
-        "turns": [asdict(turn) for turn in job.turns],
+        "turns": [plain(turn) for turn in job.turns],
         "has_error": job.has_error,
         "negative_feedback": job.negative_feedback,
         "truncated": job.truncated,

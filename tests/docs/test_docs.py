@@ -137,11 +137,16 @@ def expected_benchmark_rows(results: dict) -> list[list[str]]:
     own = f"ours alone {judge['own_overhead_ms_per_call']:.3f} ms"
     rows.append(["judge CPU per call", "LiteLLM + tracejudge", f"{judge['cpu_ms_per_call_total']:.2f} ms", own])
     ingest = results["consumer_ingest"]
-    title = f"ingest, {ingest['records']} records / {ingest['spans']} spans"
-    for name in ingest["figures"]:
-        key = "bare" if name.startswith("bare") else "tracejudge"
-        rate = f"{ingest['records_per_s'][key]:.0f} records/s, {ingest['spans_per_s'][key]:.0f} spans/s"
-        rows.append([title, name, rate, "1.00x" if key == "bare" else f"{ingest['ours_vs_bare']:.2f}x bare"])
+    for keyed_by, row in ingest["inputs"].items():
+        title = f"ingest, {keyed_by}-keyed, {row['records']} records / {row['spans']} spans"
+        for name in row["figures"]:
+            rate = f"{row['records_per_s'][name]:.0f} records/s, {row['spans_per_s'][name]:.0f} spans/s"
+            rows.append([title, name, rate, f"{row['vs_bare'][name]:.2f}x bare"])
+    restore = results["state_restore"]
+    title = f"state restore, {restore['conversations']:,} conversations × {restore['turns_each']} turns"
+    median = f"{restore['median_s']:.2f} s (min {restore['min_s']:.2f}, max {restore['max_s']:.2f})"
+    per = f"{restore['seconds_per_100k']:.1f} s per 100,000, {restore['records_per_s']:.0f} records/s"
+    rows.append([title, "fresh consumer: assigned → restored", median, per])
     for m in results["memory"].values():
         variant = f"{m['open_conversations']:,} open × {m['turns_each']} turns"
         per = f"{m['bytes_per_conversation'] / 1024:.2f} KiB per conversation"
