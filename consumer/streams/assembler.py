@@ -450,7 +450,6 @@ class Assembler(AsyncConsumerRebalanceListener):
 
     def _repartitioned(self, task: Task, record: Any) -> None:
         ts = self._timestamp(record)
-        task.watermark_ms = max(task.watermark_ms, ts)
         kind = R.kind_of(record.headers)
         try:
             value = R.loads(record.value)
@@ -460,6 +459,9 @@ class Assembler(AsyncConsumerRebalanceListener):
                 return
             cid = record.key.decode("utf-8", "surrogatepass")
             if kind == R.EVENTS:
+                # Only routed events carry record time; watermarks and verdict acks are stamped with wall time, and
+                # taking theirs would move this clock (and what it broadcasts) past input not yet read.
+                task.watermark_ms = max(task.watermark_ms, ts)
                 for item in value["events"]:
                     self._apply(task, R.event_from_json(cid, item), ts, ordered=False)
             elif kind == R.VERDICT:

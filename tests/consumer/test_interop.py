@@ -4,11 +4,16 @@ Every fixture under tests/fixtures/interop/<setup>/ (records.jsonl: what KafkaSp
 conversation) is produced to one Tansu topic and read by ONE real consumer; the transcript the local judge server
 receives over HTTP must equal the expected turns exactly. Fixtures go one at a time, so each judge request and
 judgement belongs to the fixture just produced.
+
+The Collector route: the same records re-cut as the OpenTelemetry Collector's Kafka exporter writes them
+(`partition_traces_by_id`: one OTLP request per trace, keyed by the trace id in hex), all fixtures at once into a
+3-partition topic read by 3 replicas; each judge request is tied to its judgement by a token in the scripted reason.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import time
 import uuid
@@ -18,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kafka import KafkaProducer
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan
@@ -27,10 +32,11 @@ from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, Trace
 
 from tests.consumer.test_interop_frameworks import STATE_MARKERS, fake_server
 from tests.consumer.test_pipeline import Collect
-from tests.support.judge_server import JudgeServer, conversation_text, verdict
+from tests.support.judge_server import JudgeServer, Reply, conversation_text, verdict
 from tests.support.pipeline import RunningConsumer, consumer_settings, wait_for
 from tracejudge.consumer.decode import _any_value
 from tracejudge.consumer.embedded_broker import EmbeddedBroker
+from tracejudge.consumer.streams.topics import InternalTopics
 from tracejudge.metrics.transcript import END, START
 from tracejudge.tracer import KafkaSpanExporter
 
@@ -70,6 +76,7 @@ def transcript(request: dict[str, Any]) -> list[dict[str, Any]]:
 class Replay:
     judgements: list = field(default_factory=list)
     requests: list[dict[str, Any]] = field(default_factory=list)
+    shares: list[int] = field(default_factory=list)  # judgements per replica
 
 
 @pytest.fixture(scope="module")
@@ -123,9 +130,13 @@ def test_one_judgement_per_fixture_in_all(replayed: dict[str, Replay]) -> None:
 
 @pytest.mark.parametrize("setup", SETUPS)
 def test_the_judge_receives_the_real_conversation(replayed: dict[str, Replay], setup: str) -> None:
+    assert_the_real_conversation(setup, replayed[setup])
+
+
+def assert_the_real_conversation(setup: str, replay: Replay) -> None:
+    """The judgement and the judge request a fixture produced: the expected conversation, exactly."""
     want = expected(setup)
-    replay = replayed[setup]
-    assert len(replay.judgements) == 1, [(j.job.conversation_id, len(j.job.turns)) for j in replay.judgements]
+    assert len(replay.judgements) == 1, [(len(j.job.turns), j.job.completed_by) for j in replay.judgements]
     judgement = replay.judgements[0]
     job = judgement.job
     assert job.conversation_id == want["conversation_id"]
@@ -236,3 +247,136 @@ def test_two_replicas_judge_each_exported_conversation_once_whole(
         assert job.version == len(job.turns) == len(want["turns"])
         if want.get("content_on_spans") is not False:
             assert [(t.input, t.output) for t in job.turns] == [(t["user"], t["assistant"]) for t in want["turns"]]
+
+
+# -- the Collector route ------------------------------------------------------------------------------------------
+
+REPLICAS = 3
+# Longer than the 1 s above: a partition counts as caught up by the high watermark of its last fetch, so its clock
+# can run ahead of records still in the broker by a fetch round trip (seconds on a loaded machine); conversations
+# without an end marker complete by idle, and those with one by the default --end-grace (2 s).
+COLLECTOR_IDLE_S = 8.0
+
+
+def collector_records(value: bytes) -> list[tuple[bytes, bytes]]:
+    """One recorded batch as the Collector's Kafka exporter writes it with `partition_traces_by_id`: one
+    ExportTraceServiceRequest per trace (resource and scope kept), keyed by the trace id in lowercase hex."""
+    request = ExportTraceServiceRequest.FromString(value)
+    per_trace: dict[bytes, ExportTraceServiceRequest] = {}
+    slots: dict[tuple[bytes, int, int | None], Any] = {}  # (trace, resource index, scope index) → its message
+    for r, resource_spans in enumerate(request.resource_spans):
+        for s, scope_spans in enumerate(resource_spans.scope_spans):
+            for span in scope_spans.spans:
+                out = per_trace.setdefault(span.trace_id, ExportTraceServiceRequest())
+                if (span.trace_id, r, None) not in slots:
+                    target = out.resource_spans.add()
+                    target.resource.CopyFrom(resource_spans.resource)
+                    target.schema_url = resource_spans.schema_url
+                    slots[(span.trace_id, r, None)] = target
+                if (span.trace_id, r, s) not in slots:
+                    scope = slots[(span.trace_id, r, None)].scope_spans.add()
+                    scope.scope.CopyFrom(scope_spans.scope)
+                    scope.schema_url = scope_spans.schema_url
+                    slots[(span.trace_id, r, s)] = scope
+                slots[(span.trace_id, r, s)].spans.add().CopyFrom(span)
+    return [(trace_id.hex().encode(), out.SerializeToString()) for trace_id, out in per_trace.items()]
+
+
+def end_offsets(bootstrap: str, topic: str, partitions: int) -> dict[int, int]:
+    reader = KafkaConsumer(bootstrap_servers=bootstrap)
+    try:
+        ends = reader.end_offsets([TopicPartition(topic, p) for p in range(partitions)])
+        return {tp.partition: offset for tp, offset in ends.items()}
+    finally:
+        reader.close()
+
+
+@pytest.fixture(scope="module")
+def collector_replayed(broker: EmbeddedBroker, judge: JudgeServer) -> dict[str, Replay]:
+    """Every fixture re-cut per trace, all at once, through 3 replicas of one group."""
+    if not SETUPS:
+        pytest.skip("no interop fixtures recorded")
+    topic = f"interop-collector-{uuid.uuid4().hex[:8]}"
+    broker.create_topic(topic, partitions=3)
+    group = f"interop-collector-{uuid.uuid4().hex[:6]}"
+    settings = consumer_settings(
+        broker.bootstrap_servers, topic, group_id=group, metrics="failure_rate", session_idle_timeout=COLLECTOR_IDLE_S
+    )
+    asked: dict[str, dict[str, Any]] = {}  # token in the verdict's reason → the judge request that answered it
+
+    def tagged(request: dict[str, Any]) -> Reply:
+        token = f"request-{uuid.uuid4().hex}"
+        asked[token] = request
+        return verdict("honest_fallback", reason=token)
+
+    judge.responder = tagged
+    collects = [Collect() for _ in range(REPLICAS)]
+    producer = KafkaProducer(bootstrap_servers=broker.bootstrap_servers, linger_ms=5)
+    ids = {expected(setup)["conversation_id"]: setup for setup in SETUPS}
+    try:
+        with contextlib.ExitStack() as stack:
+            replicas = [stack.enter_context(RunningConsumer(settings, extra_sinks=[c])) for c in collects]
+            services = [r.app.service for r in replicas]
+            wait_for(lambda: all(s.assigned.is_set() for s in services), what="replicas ready")
+            wait_for(
+                lambda: all(s.assembler.group.assignment() for s in services),  # type: ignore[union-attr]
+                what="every replica assigned input partitions",
+            )
+            for setup in SETUPS:
+                for _, value in records(setup):
+                    for key, cut in collector_records(value):
+                        producer.send(topic, key=key, value=cut)
+            producer.flush()
+            inputs = end_offsets(broker.bootstrap_servers, topic, 3)
+
+            def tasks() -> dict[int, Any]:
+                return {p: t for s in services for p, t in list(s.assembler.tasks.items())}  # type: ignore[union-attr]
+
+            def read_and_committed() -> bool:
+                owned = tasks()
+                return len(owned) == 3 and all((owned[p].committed_input or 0) >= inputs[p] for p in range(3))
+
+            wait_for(read_and_committed, timeout=120, what="every input record read and committed (routed)")
+            routed = end_offsets(broker.bootstrap_servers, InternalTopics(group).repartition, 3)
+
+            def settled() -> bool:
+                """Every routed event applied, every conversation completed and its verdict acknowledged."""
+                owned = tasks()
+                states = [next((x for x in (s.conversation(c) for s in services) if x is not None), None) for c in ids]
+                return (
+                    all(owned[p].repartition_position >= routed[p] for p in range(3))
+                    and sum(s.open_conversations() for s in services) == 0
+                    and all(s is not None and s.dispatched and None not in s.dispatched.values() for s in states)
+                )
+
+            wait_for(settled, timeout=120, what="every conversation completed and its verdict acknowledged")
+            shares = [len(c.judgements) for c in collects]
+    finally:
+        judge.responder = None
+        producer.close()
+    results = {setup: Replay() for setup in SETUPS}
+    results[ALL] = Replay()
+    for judgement in (j for c in collects for j in c.judgements):
+        replay = results[ids.get(judgement.job.conversation_id, ALL)]
+        replay.judgements.append(judgement)
+        replay.requests.extend(asked.pop(r.reason) for r in judgement.results if r.reason in asked)
+    results[ALL].requests.extend(asked.values())  # asked, but no judgement names them
+    results[ALL].shares = shares
+    return results
+
+
+def test_the_collector_route_judges_each_conversation_once_across_replicas(
+    collector_replayed: dict[str, Replay],
+) -> None:
+    strays = collector_replayed[ALL]
+    assert not strays.judgements, [(j.job.conversation_id, len(j.job.turns)) for j in strays.judgements]
+    assert not strays.requests, [transcript(r) for r in strays.requests]
+    shares = strays.shares
+    assert sum(shares) == len(SETUPS) and sum(1 for n in shares if n) >= 2, shares  # the replicas shared the work
+
+
+@pytest.mark.parametrize("setup", SETUPS)
+def test_the_collector_route_reaches_the_judge_as_the_real_conversation(
+    collector_replayed: dict[str, Replay], setup: str
+) -> None:
+    assert_the_real_conversation(setup, collector_replayed[setup])
