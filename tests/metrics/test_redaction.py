@@ -229,7 +229,8 @@ _separators = st.sampled_from([" ", "-", ".", " ", "/", "(", ")", "+"])
 def test_redaction_is_bounded_on_any_digit_runs(word: str, groups: list[str], separator: str, tail: str) -> None:
     text = word + separator.join(groups) + tail
     out = redact_pii(text)
-    assert out.endswith(tail[-1:] if tail and tail[-1:].isalpha() else "")
+    assert out.startswith(word)  # redaction replaces numbers, never the words before them
+    assert len(out) <= len(text) + 20 * (text.count(" ") + 2)  # replacements are placeholders, not growth
 
 
 @pytest.mark.parametrize(
