@@ -27,7 +27,7 @@ from .emit.prometheus import OUTCOMES, ConsumerMetrics, family_total
 from .feedback import FeedbackJoiner
 from .pool import JudgePool
 from .sampling import Sampler
-from .settings import Settings
+from .settings import RECONNECT_BACKOFF_MAX_MS, Settings
 from .streams.assembler import Assembler
 from .streams.instruments import StreamsInstruments
 from .streams.judge_worker import JudgeWorker
@@ -153,7 +153,9 @@ class ConsumerService:
             if k in KafkaAdminClient.DEFAULT_CONFIG and k != "client_id"
         }
         admin = KafkaAdminClient(
-            bootstrap_servers=self.settings.bootstrap_servers, client_id="tracejudge-admin", **config
+            bootstrap_servers=self.settings.bootstrap_servers,
+            client_id="tracejudge-admin",
+            **{"reconnect_backoff_max_ms": RECONNECT_BACKOFF_MAX_MS, **config},
         )
         try:
             ensure_internal_topics(admin, self.topics, partitions)

@@ -13,6 +13,13 @@ KNOWN_METRICS = ("failure_rate", "conversational_flow")
 # How long the first connection to the brokers may take before the command stops with one line (kafka-python's own
 # default is 30 s of retries); `--kafka-config bootstrap_timeout_ms=MS` changes it.
 BOOTSTRAP_TIMEOUT_MS = 5_000
+# After a broker outage clients reconnect within a second, as the Java clients do (kafka-python backs off up to
+# 30 s, which kept a consumer idle for half a minute after its broker came back).
+RECONNECT_BACKOFF_MAX_MS = 1_000
+_CLIENT_DEFAULTS: dict[str, Any] = {
+    "bootstrap_timeout_ms": BOOTSTRAP_TIMEOUT_MS,
+    "reconnect_backoff_max_ms": RECONNECT_BACKOFF_MAX_MS,
+}
 
 
 def _env(name: str, default: Any, description: str) -> Any:
@@ -270,10 +277,10 @@ class Settings(BaseSettings):
         from kafka import KafkaConsumer
 
         options = {k: v for k, v in self.kafka_config.items() if k in KafkaConsumer.DEFAULT_CONFIG}
-        return {"bootstrap_timeout_ms": BOOTSTRAP_TIMEOUT_MS, **options}
+        return {**_CLIENT_DEFAULTS, **options}
 
     def producer_config(self) -> dict[str, Any]:
         from kafka import KafkaProducer
 
         options = {k: v for k, v in self.kafka_config.items() if k in KafkaProducer.DEFAULT_CONFIG}
-        return {"bootstrap_timeout_ms": BOOTSTRAP_TIMEOUT_MS, **options}
+        return {**_CLIENT_DEFAULTS, **options}

@@ -37,6 +37,7 @@ _DEFAULT_PRODUCER_CONFIG: dict[str, Any] = {
     "request_timeout_ms": 5_000,
     "delivery_timeout_ms": 8_000,
     "bootstrap_timeout_ms": 3_000,
+    "reconnect_backoff_max_ms": 1_000,  # deliver again within a second of the broker's return (library: 30 s)
     "max_request_size": 8 * 1024 * 1024,
 }
 
