@@ -310,7 +310,7 @@ class ConsumerMetrics:
         )
         for outcome in ("ok", "malformed"):
             self.records.labels(outcome=outcome)
-        for output in ("results_topic", "dead_letter", "otlp"):
+        for output in ("results_topic", "dead_letter", "otlp", "sink"):
             self.output_errors.labels(output=output)
         self._seen_agents: set[str] = set()
 
