@@ -14,8 +14,10 @@ of the tasks it owns, and a producer. Owning input partition p makes this proces
   forwarded events and judge jobs are acknowledged), write every changed conversation and the task's positions to
   the changelog and flush again, then commit the input offsets. A crash anywhere in between replays records since
   the last commit into restored state, where a span already seen is a duplicate: at-least-once, never a fragment.
-- Completion by the conversation's own clock: a task's clock is the highest record timestamp it has read, or wall
-  time once every source of the task is caught up; a lagging or paused task never makes its conversations idle.
+- Completion by the conversation's own clock: a task's clock is the highest record timestamp it has read, or the wall
+  time at which a fresh fetch (`probe.HighwaterProbe`, every WATERMARK_INTERVAL_S) found nothing left to read; a
+  lagging, paused or rebalancing task never makes its conversations idle, and a stale high watermark never
+  passes for "caught up".
 """
 
 from __future__ import annotations
@@ -46,7 +48,9 @@ from ..emit.prometheus import ConsumerMetrics
 from ..settings import Settings
 from . import records as R
 from .instruments import StreamsInstruments
+from .membership import close_staying
 from .partitioner import state_partition
+from .probe import HighwaterProbe
 from .topics import InternalTopics
 
 logger = logging.getLogger("tracejudge.consumer.streams")
@@ -106,6 +110,7 @@ class Task:
     input_position: int | None = None  # next input offset to process (None: nothing read since assignment)
     committed_input: int | None = None
     watermark_ms: int = 0
+    caught_up_ms: int = 0  # wall time by which a fresh fetch found nothing in the input partition left to read
     unflushed: dict[str, ConversationState | None] = field(default_factory=dict)
     positions_dirty: bool = False
     reported: dict[str, int] = field(default_factory=dict)  # table counts already exported
@@ -149,6 +154,8 @@ class Assembler(AsyncConsumerRebalanceListener):
         self._send_log = RateLimitedLog(logger, interval_s=10.0)
         self._lag_reported: set[int] = set()
         self._last_watermarks = 0.0
+        self._last_probe = 0.0
+        self.probe = HighwaterProbe(consumer_factory, settings.bootstrap_servers, settings.consumer_config())
 
     # -- lifecycle -------------------------------------------------------------------------------------------------
 
@@ -242,6 +249,7 @@ class Assembler(AsyncConsumerRebalanceListener):
                 task.repartition_position = records[-1].offset + 1
                 task.positions_dirty = True
         self._finish_restores()
+        self._probe_caught_up()
         self._advance()
         self._bound_open()
         self._bound_memory()
@@ -249,19 +257,24 @@ class Assembler(AsyncConsumerRebalanceListener):
         self._broadcast_watermarks()
 
     def close(self, grace_s: float) -> None:
-        """Commit what is done, then leave the group (static members stay: their partitions wait for them)."""
+        """Commit what is done, then close without a LeaveGroup (`membership`): the partitions move once the session
+        times out, restored from what was just committed."""
         try:
             offsets = self._flush(set(self.tasks))
             if offsets and self.group is not None:
                 self.group.commit(offsets)
         except Exception as exc:
             logger.warning("final commit failed (records since the last commit are read again): %r", exc)
-        for client in (self.group, self.side):
-            if client is not None:
-                try:
+        for client in (self.group, self.side, self.probe):
+            try:
+                if client is self.group and client is not None:
+                    close_staying(client)  # its partitions move when the session times out
+                elif isinstance(client, HighwaterProbe):
+                    client.close()
+                elif client is not None:
                     client.close(autocommit=False)
-                except Exception as exc:
-                    logger.warning("closing a consumer: %r", exc)
+            except Exception as exc:
+                logger.warning("closing a consumer: %r", exc)
         if self.producer is not None:
             try:
                 self.producer.close(timeout=max(0.5, grace_s))
@@ -469,26 +482,54 @@ class Assembler(AsyncConsumerRebalanceListener):
         except Exception as exc:
             logger.warning("unreadable repartition record at %d/%d: %r", record.partition, record.offset, exc)
 
-    def _caught_up(self, task: Task) -> bool:
+    def _input_position(self, task: Task) -> int | None:
+        assert self.group is not None
+        if task.input_position is not None:
+            return task.input_position
+        try:
+            return self.group.position(TopicPartition(self.settings.topic, task.partition), timeout_ms=0)
+        except Exception:
+            return None
+
+    def _looks_caught_up(self, task: Task) -> bool:
+        """By the clients' last fetches (which may be stale): nothing left in the input or repartition partition."""
         assert self.group is not None and self.side is not None
-        tp = TopicPartition(self.settings.topic, task.partition)
-        end = self.group.highwater(tp)
-        if end is None:
-            return False
-        position = task.input_position
-        if position is None:
-            try:
-                position = self.group.position(tp, timeout_ms=0)
-            except Exception:
-                return False
-        if position is None or position < end:
+        end = self.group.highwater(TopicPartition(self.settings.topic, task.partition))
+        position = self._input_position(task)
+        if end is None or position is None or position < end:
             return False
         side_end = self.side.highwater(TopicPartition(self.topics.repartition, task.partition))
         return side_end is None or task.repartition_position >= side_end
 
+    def _probe_caught_up(self) -> None:
+        """Every WATERMARK_INTERVAL_S, the tasks that look caught up are checked with a fresh fetch; the wall time
+        the check began (less one interval: a late answer to the previous probe may be what was read) becomes the
+        time by which their input partition held nothing more."""
+        if time.monotonic() - self._last_probe < WATERMARK_INTERVAL_S:
+            return
+        self._last_probe = time.monotonic()
+        candidates: dict[TopicPartition, tuple[Task, int]] = {}
+        for task in self.tasks.values():
+            position = self._input_position(task)
+            if not task.restoring and position is not None and self._looks_caught_up(task):
+                candidates[TopicPartition(self.settings.topic, task.partition)] = (task, position)
+        if not candidates:
+            return
+        started = wall_ms() - int(WATERMARK_INTERVAL_S * 1000)
+        try:
+            ends = self.probe.highwaters({tp: position for tp, (_task, position) in candidates.items()})
+        except Exception as exc:  # the clock then stays at record time until a probe answers
+            self._send_log.warning("probing high watermarks failed: %r", exc)
+            return
+        for tp, end in ends.items():
+            task, position = candidates[tp]
+            if end <= position and self.tasks.get(task.partition) is task:
+                task.caught_up_ms = max(task.caught_up_ms, started)
+
     def _clock(self, task: Task, now: int) -> int:
-        """A task's clock: its highest record timestamp, or wall time once all its sources are caught up."""
-        return max(task.watermark_ms, now) if self._caught_up(task) else task.watermark_ms
+        """A task's clock: its highest record timestamp, or the wall time by which a fresh fetch found its input
+        partition read to the end (never later than `now`)."""
+        return min(now, max(task.watermark_ms, task.caught_up_ms)) if task.caught_up_ms else task.watermark_ms
 
     def _advance(self) -> None:
         now = wall_ms()

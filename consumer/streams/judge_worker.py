@@ -33,6 +33,8 @@ from ..pool import OUTCOME_SAMPLED_OUT, Judgement, JudgePool
 from ..settings import Settings
 from . import records as R
 from .instruments import StreamsInstruments
+from .membership import close_staying
+from .probe import HighwaterProbe
 from .topics import InternalTopics
 
 logger = logging.getLogger("tracejudge.consumer.judges")
@@ -66,7 +68,7 @@ class JudgeWorker(AsyncConsumerRebalanceListener):
         self.producer_factory = producer_factory
         self.consumer: KafkaConsumer | None = None
         self.producer: KafkaProducer | None = None
-        self.probe: KafkaConsumer | None = None
+        self.probe = HighwaterProbe(consumer_factory, settings.bootstrap_servers, settings.consumer_config())
         self.paused = False
         self.stopping = False  # shutting down: newly assigned partitions stay paused
         self.assigned: set[int] = set()
@@ -317,34 +319,16 @@ class JudgeWorker(AsyncConsumerRebalanceListener):
             self._lag_reported.add(tp.partition)
 
     def _probe_highwaters(self, partitions: set[int]) -> dict[int, int]:
-        """Paused partitions are not fetched, so their high watermark goes stale: a probe consumer fetches one
-        small batch from each to learn it (Tansu answers ListOffsets wrongly, and a fetch is what clients trust)."""
+        """Paused partitions are not fetched, so their high watermark goes stale: the probe learns it."""
         assert self.consumer is not None
-        if self.probe is None:
-            self.probe = self.consumer_factory(
-                bootstrap_servers=self.settings.bootstrap_servers,
-                client_id="tracejudge-lag-probe",
-                group_id=None,
-                enable_auto_commit=False,
-                fetch_max_bytes=4096,
-                max_partition_fetch_bytes=4096,
-                **{k: v for k, v in self.settings.consumer_config().items() if k not in ("group_id",)},
-            )
-        tps = [TopicPartition(self.topics.judge_queue, p) for p in sorted(partitions)]
-        self.probe.assign(tps)
-        for tp in tps:
+        positions = {}
+        for partition in sorted(partitions):
+            tp = TopicPartition(self.topics.judge_queue, partition)
             try:
-                position = self.consumer.position(tp, timeout_ms=0)
+                positions[tp] = self.consumer.position(tp, timeout_ms=0) or 0
             except Exception:
-                position = None
-            self.probe.seek(tp, position or 0)
-        self.probe.poll(timeout_ms=200, max_records=1)
-        found = {}
-        for tp in tps:
-            end = self.probe.highwater(tp)
-            if end is not None:
-                found[tp.partition] = end
-        return found
+                positions[tp] = 0
+        return {tp.partition: end for tp, end in self.probe.highwaters(positions).items()}
 
     def close(self, grace_s: float) -> bool:
         """Judgements in flight get the grace period; what is durable by then is committed.
@@ -370,12 +354,12 @@ class JudgeWorker(AsyncConsumerRebalanceListener):
             self.commit()
         except Exception as exc:
             logger.warning("final judge-queue commit failed: %r", exc)
-        for client in (self.consumer, self.probe):
-            if client is not None:
-                try:
-                    client.close(autocommit=False)
-                except Exception as exc:
-                    logger.warning("closing a consumer: %r", exc)
+        try:
+            self.probe.close()
+            if self.consumer is not None:
+                close_staying(self.consumer)  # no LeaveGroup (see `membership`)
+        except Exception as exc:
+            logger.warning("closing a consumer: %r", exc)
         if self.producer is not None:
             try:
                 self.producer.close(timeout=max(0.5, deadline - time.monotonic()))

@@ -380,3 +380,29 @@ def test_three_replicas_share_one_budget(broker: EmbeddedBroker, judge_server: J
     assert 1 <= calls <= 6 + len(replicas), calls
     assert skipped == len(ids) - calls
     turns.provider.shutdown()
+
+
+def test_a_replica_stopped_while_another_joins_leaves_the_group_working(
+    broker: EmbeddedBroker, judge_server: JudgeServer, tmp_path: Path
+) -> None:
+    """SIGTERM to the group's leader while a new replica's join holds the group forming. A LeaveGroup then (Tansu
+    removes the member, not its leadership) left the group without a leader for good: the new replica never got a
+    partition. Stopping without LeaveGroup, the old leader is evicted at its session timeout and the new replica
+    takes every partition and judges what arrives."""
+    judge_server.responder = scripted_judge
+    topic, results, group = _setup(broker)
+    first = Replica(broker, topic, group, results, tmp_path / "first.log")
+    first.ready()
+    second = Replica(broker, topic, group, results, tmp_path / "second.log")
+    wait_for(lambda: "consuming 'win-" in second.log.read_text(), 90, "the second replica joining")
+    first.stop("term")
+    second.ready()
+    turns = Turns(broker.bootstrap_servers, topic)
+    ids = [f"j{i}" for i in range(12)]
+    for cid in ids:
+        turns.turn(cid, 1, indexed=False)
+        turns.end(cid)
+    turns.flush()
+    wait_for(lambda: set(calls_by_conversation(judge_server)) >= set(ids), 90, "every conversation judged")
+    assert "partitions assigned: [0, 1, 2]" in second.log.read_text()
+    second.stop("term")
