@@ -32,9 +32,26 @@ def calibration_refused(path: str | None) -> bool:
     return False
 
 
+def canary_refused(settings: Any) -> bool:
+    """A --canary-dataset that cannot be read or parsed: one line on stderr, True (before any I/O)."""
+    if settings.canary_interval is None:
+        return False
+    from .canary import load_canary_items
+    from .gold import DatasetError
+
+    try:
+        load_canary_items(settings.canary_dataset)
+    except DatasetError as exc:
+        print(
+            f"tracejudge: invalid configuration: --canary-dataset / TRACEJUDGE_CANARY_DATASET: {exc}", file=sys.stderr
+        )
+        return True
+    return False
+
+
 def cmd_consume(namespace: argparse.Namespace) -> int:
     settings = settings_from_args(namespace)
-    if calibration_refused(settings.calibration):
+    if calibration_refused(settings.calibration) or canary_refused(settings):
         return EXIT_USAGE
     configure_logging(settings.log_level, settings.log_format)
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
@@ -86,6 +103,16 @@ def cmd_backfill(namespace: argparse.Namespace) -> int:
     return run_backfill(namespace)
 
 
+# The canary and the shadow judge watch a running consumer's judge: nothing to do in backfill or the demo.
+WATCH_OPTIONS = (
+    "canary_interval",
+    "canary_dataset",
+    "canary_accuracy_floor",
+    "canary_margin",
+    "shadow_judge_model",
+    "shadow_sample_rate",
+    "shadow_budget_share",
+)
 # Consumer flags that mean nothing to backfill: no group or commits, no /metrics served (its registry is discarded),
 # no backpressure (the range is read once), its own --sample-rate, and no calibrated rates.
 BACKFILL_SKIPS = (
@@ -100,6 +127,7 @@ BACKFILL_SKIPS = (
     "window_seconds",
     "max_open_conversations",
     "commit_interval",
+    *WATCH_OPTIONS,
 )
 
 
@@ -112,7 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo = commands.add_parser("demo", help="the whole pipeline on an embedded broker with a scripted agent")
     add_consumer_flags(
         demo,
-        skip=("topic", "group_id", "start_from", "session_idle_timeout", "calibration", "judge_check"),
+        skip=("topic", "group_id", "start_from", "session_idle_timeout", "calibration", "judge_check", *WATCH_OPTIONS),
         defaults={
             "bootstrap_servers": "an embedded broker",
             "judge_model": "a scripted judge",

@@ -54,6 +54,13 @@ CONSUME_FLAGS = {
     "--max-state-bytes": ("TRACEJUDGE_MAX_STATE_BYTES", "536870912"),
     "--max-conversation-bytes": ("TRACEJUDGE_MAX_CONVERSATION_BYTES", "262144"),
     "--end-grace": ("TRACEJUDGE_END_GRACE", "2.0"),
+    "--canary-interval": ("TRACEJUDGE_CANARY_INTERVAL", "none"),
+    "--canary-dataset": ("TRACEJUDGE_CANARY_DATASET", "none"),
+    "--canary-accuracy-floor": ("TRACEJUDGE_CANARY_ACCURACY_FLOOR", "none"),
+    "--canary-margin": ("TRACEJUDGE_CANARY_MARGIN", "0.1"),
+    "--shadow-judge-model": ("TRACEJUDGE_SHADOW_JUDGE_MODEL", "none"),
+    "--shadow-sample-rate": ("TRACEJUDGE_SHADOW_SAMPLE_RATE", "0.1"),
+    "--shadow-budget-share": ("TRACEJUDGE_SHADOW_BUDGET_SHARE", "0.2"),
 }
 
 
