@@ -1,4 +1,4 @@
-"""`tracejudge` command line: consume, demo, backfill, calibrate.
+"""`tracejudge` command line: consume, demo, backfill, calibrate, compare.
 
 Invalid configuration: one clear line and exit code 2, before any I/O. What stops a start that the user can fix (a
 metrics port in use: 2; Kafka not answering within `bootstrap_timeout_ms`: 69) is one line too, never a traceback.
@@ -97,6 +97,12 @@ def cmd_calibrate(namespace: argparse.Namespace) -> int:
     return run_calibrate(namespace)
 
 
+def cmd_compare(namespace: argparse.Namespace) -> int:
+    from .compare import run_compare
+
+    return run_compare(namespace)
+
+
 def cmd_backfill(namespace: argparse.Namespace) -> int:
     from .backfill import run_backfill
 
@@ -188,6 +194,15 @@ def build_parser() -> argparse.ArgumentParser:
     add_arguments(calibrate)
     add_consumer_flags(calibrate, skip=[dest for _, dest, _ in CONSUMER_FLAGS if dest not in CALIBRATE_OPTIONS])
     calibrate.set_defaults(handler=cmd_calibrate)
+    from .compare import COMPARE_OPTIONS
+    from .compare import add_arguments as add_compare_arguments
+
+    compare = commands.add_parser(
+        "compare", help="compare two judges' verdicts (primary and shadow) from the results topic"
+    )
+    add_compare_arguments(compare)
+    add_consumer_flags(compare, skip=[dest for _, dest, _ in CONSUMER_FLAGS if dest not in COMPARE_OPTIONS])
+    compare.set_defaults(handler=cmd_compare)
     # `tracejudge broker`: a local Kafka in one command for the quickstart (consumer/broker_cmd.py).
     from . import broker_cmd
 

@@ -24,9 +24,11 @@ class CanaryMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         labels = ["metric", "model", "rubric_version"]
         self.accuracy = Gauge(
-            "tracejudge_canary_accuracy", "Share of canary conversations judged as labelled (last run)", labels,
+            "tracejudge_canary_accuracy",
+            "Share of canary conversations judged as labelled (last run)",
+            labels,
             registry=registry,
-        )  # fmt: skip
+        )
         self.kappa = Gauge(
             "tracejudge_canary_kappa",
             "Cohen's kappa of the last canary run against its labels (linearly weighted for conversational_flow)",
@@ -40,9 +42,11 @@ class CanaryMetrics:
             registry=registry,
         )
         self.last_run = Gauge(
-            "tracejudge_canary_last_run_timestamp_seconds", "When the last canary run finished (Unix seconds)",
-            labels, registry=registry,
-        )  # fmt: skip
+            "tracejudge_canary_last_run_timestamp_seconds",
+            "When the last canary run finished (Unix seconds)",
+            labels,
+            registry=registry,
+        )
         self.floor = Gauge(
             "tracejudge_canary_accuracy_floor",
             "The accuracy TracejudgeCanaryRegressed compares with: the calibration report's (or the configured) "
