@@ -156,6 +156,9 @@ def test_dashboard_covers_what_users_watch() -> None:
         "tracejudge_consumer_lag",
         "tracejudge_sessions_open",
         "tracejudge_records_total",
+        "tracejudge_canary_accuracy",
+        "tracejudge_canary_flips_total",
+        "tracejudge_shadow_agreement",
     ):
         assert needle in text, needle
     assert board["templating"]["list"][0]["name"] == "agent"
