@@ -13,6 +13,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from tests.conftest import require_binary
@@ -215,3 +216,41 @@ def test_three_replicas_run_one_canary_per_interval(
     finally:
         for replica in replicas:
             replica.stop()
+
+
+def test_canary_respects_the_budget_and_takes_its_floor_from_the_calibration_report(
+    judge_server: JudgeServer, tmp_path: Path
+) -> None:
+    """Canary calls pass the pool's budget like live calls: past it they are refused and counted, never judged."""
+    from prometheus_client import CollectorRegistry
+
+    from tracejudge.consumer.canary import Canary, calibration_accuracies
+    from tracejudge.consumer.emit.prometheus import ConsumerMetrics
+    from tracejudge.consumer.pool import JudgePool
+    from tracejudge.metrics import FailureRateMetric
+
+    judge_server.responder = GoldJudge()
+    report = tmp_path / "calibration.json"
+    report.write_text(json.dumps({"metrics": {"failure_rate": {"accuracy": 0.9}}}))
+    registry = CollectorRegistry()
+    prometheus = ConsumerMetrics(registry)
+    judge = FailureRateMetric("gpt-4o-mini", redactor=None)
+    pool = JudgePool([judge], lambda _j: None, max_concurrency=1, max_cost_per_hour=1e-6).start()
+    try:
+        canary = Canary(
+            3600, load_canary_items(None), [judge], pool, prometheus, lambda: True,
+            floors=calibration_accuracies(str(report)), margin=0.1,
+        )  # fmt: skip
+        run = canary.run()
+    finally:
+        pool.stop(5)
+    figures = run.figures[("failure_rate", judge.model_name, judge.rubric_version)]
+    assert figures["n"] == 1  # the first call is admitted before any cost is known; its cost spends the budget
+    assert (
+        registry.get_sample_value("tracejudge_canary_errors_total", {"metric": "failure_rate", "reason": "budget"})
+        == 23
+    )
+    assert len(judge_server.requests) == 1
+    floor = registry.get_sample_value("tracejudge_canary_accuracy_floor", {"metric": "failure_rate"})
+    assert floor == pytest.approx(0.8)
+    assert pool.budget.spent() > 1e-6
