@@ -55,9 +55,11 @@ def cmd_consume(namespace: argparse.Namespace) -> int:
         return EXIT_USAGE
     configure_logging(settings.log_level, settings.log_format)
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-    from .judge_check import refuse_judge
+    from .judge_check import refuse_judge, refuse_shadow_judge
 
     refused = refuse_judge(settings)  # before any I/O: the judge can answer, and LiteLLM's import is paid now
+    if refused is None:
+        refused = refuse_shadow_judge(settings)
     if refused is not None:
         return refused
     from .app import build_app

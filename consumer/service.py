@@ -355,7 +355,7 @@ class ConsumerService:
         if self.assembler is not None:
             self.assembler.close(grace)
         if self.canary is not None:
-            self.canary.stop(max(0.5, grace_end - time.monotonic()))
+            self.canary.stop(1.0)  # a run under way ends when the pool stops (its calls are cancelled)
         if self._judge_thread is not None:
             self._judge_thread.join(grace)
         if self.judge_worker is not None:
