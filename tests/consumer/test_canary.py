@@ -254,3 +254,20 @@ def test_canary_respects_the_budget_and_takes_its_floor_from_the_calibration_rep
     floor = registry.get_sample_value("tracejudge_canary_accuracy_floor", {"metric": "failure_rate"})
     assert floor == pytest.approx(0.8)
     assert pool.budget.spent() > 1e-6
+
+
+def test_bad_canary_and_shadow_options_are_one_line_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    from tracejudge.consumer.cli import main
+
+    cases = [
+        (["--canary-interval", "1h", "--canary-dataset", "/nonexistent.jsonl"], "--canary-dataset", "cannot read"),
+        (["--canary-interval", "soon"], "--canary-interval", "not a duration"),
+        (["--shadow-sample-rate", "2"], "--shadow-sample-rate", "within 0..1"),
+    ]
+    for args, flag, why in cases:
+        assert main(["consume", "--no-judge-check", *args]) == 2
+        err = capsys.readouterr().err
+        assert f"invalid configuration: {flag}" in err and why in err and len(err.strip().splitlines()) == 1, err
+    assert Settings.from_options(canary_interval="1h30m").canary_interval == 5400.0
+    assert Settings.from_options(canary_interval="5s").canary_interval == 5.0
+    assert Settings.from_options().canary_interval is None  # off by default
