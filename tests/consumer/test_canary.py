@@ -275,3 +275,51 @@ def test_bad_canary_and_shadow_options_are_one_line_exit_2(capsys: pytest.Captur
     assert Settings.from_options(canary_interval="1h30m").canary_interval == 5400.0
     assert Settings.from_options(canary_interval="5s").canary_interval == 5.0
     assert Settings.from_options().canary_interval is None  # off by default
+
+
+def test_a_user_canary_set_and_a_replica_that_stops_owning_the_canary(
+    judge_server: JudgeServer, tmp_path: Path
+) -> None:
+    """--canary-dataset in the calibrate format; when partition 0 moves away the old owner's gauges go (the new owner
+    reports), its counters stay."""
+    from prometheus_client import CollectorRegistry
+
+    from tracejudge.consumer.canary import Canary
+    from tracejudge.consumer.emit.prometheus import ConsumerMetrics
+    from tracejudge.consumer.pool import JudgePool
+    from tracejudge.metrics import FailureRateMetric
+
+    gold = GoldJudge()
+    mine = gold.items[:2]
+    dataset = tmp_path / "canary.jsonl"
+    dataset.write_text(
+        "\n".join(
+            json.dumps({"id": i.id, "turns": [{"user": u, "assistant": a} for u, a in i.turns], "labels": i.labels})
+            for i in mine
+        )
+    )
+    items = load_canary_items(str(dataset))
+    assert [i.id for i in items] == [i.id for i in mine]
+    judge_server.responder = gold
+    registry = CollectorRegistry()
+    judge = FailureRateMetric("gpt-4o-mini", redactor=None)
+    pool = JudgePool([judge], lambda _j: None).start()
+    owner = threading.Event()
+    owner.set()
+    canary = Canary(0.5, items, [judge], pool, ConsumerMetrics(registry), owner.is_set).start()
+    labels = {"metric": "failure_rate", "model": judge.model_name, "rubric_version": judge.rubric_version}
+    try:
+        wait_for(lambda: len(canary.runs) >= 2, timeout=20, what="two runs")
+        assert registry.get_sample_value("tracejudge_canary_accuracy", labels) == 1.0
+        owner.clear()
+        wait_for(
+            lambda: registry.get_sample_value("tracejudge_canary_accuracy", labels) is None, timeout=5, what="forgotten"
+        )
+        runs = len(canary.runs)
+        assert registry.get_sample_value("tracejudge_canary_last_run_timestamp_seconds", labels) is None
+        assert registry.get_sample_value("tracejudge_canary_flips_total", labels) == 0
+        assert registry.get_sample_value("tracejudge_canary_runs_total", {}) == runs
+    finally:
+        canary.stop()
+        pool.stop(5)
+    assert len(judge_server.requests) == 2 * runs
