@@ -53,6 +53,22 @@ def build_judges(
     ]
 
 
+def build_shadow_judges(settings: Settings, redactor: Redactor | None = None) -> list[HolisticJudgeMetric]:
+    """With --shadow-judge-model: the same metrics (their own rubric versions) on the shadow model."""
+    if not settings.shadow_judge_model:
+        return []
+    return build_judges(settings, settings.shadow_judge_model, redactor)
+
+
+def canary_items(settings: Settings) -> list[Any]:
+    """With --canary-interval: the canary's labelled conversations (DatasetError for a bad --canary-dataset)."""
+    if settings.canary_interval is None:
+        return []
+    from .canary import load_canary_items
+
+    return load_canary_items(settings.canary_dataset)
+
+
 class MetricsPortUnavailable(StartupError):
     exit_code = EXIT_USAGE  # a configuration error: --metrics-host / --metrics-port
 
@@ -238,7 +254,14 @@ def build_app(
             on_output_error=prometheus.record_output_error,
         )
         sinks = [*(extra_sinks or []), *outputs.sinks]
-        service = ConsumerService(settings, build_judges(settings, judge, redactor), prometheus, sinks=sinks)
+        service = ConsumerService(
+            settings,
+            build_judges(settings, judge, redactor),
+            prometheus,
+            sinks=sinks,
+            shadow_judges=build_shadow_judges(settings, redactor),
+            canary_items=canary_items(settings),
+        )
     except BaseException:
         if http_server is not None:
             http_server.shutdown()

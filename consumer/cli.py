@@ -1,4 +1,4 @@
-"""`tracejudge` command line: consume, demo, backfill, calibrate.
+"""`tracejudge` command line: consume, demo, backfill, calibrate, compare.
 
 Invalid configuration: one clear line and exit code 2, before any I/O. What stops a start that the user can fix (a
 metrics port in use: 2; Kafka not answering within `bootstrap_timeout_ms`: 69) is one line too, never a traceback.
@@ -32,15 +32,34 @@ def calibration_refused(path: str | None) -> bool:
     return False
 
 
+def canary_refused(settings: Any) -> bool:
+    """A --canary-dataset that cannot be read or parsed: one line on stderr, True (before any I/O)."""
+    if settings.canary_interval is None:
+        return False
+    from .canary import load_canary_items
+    from .gold import DatasetError
+
+    try:
+        load_canary_items(settings.canary_dataset)
+    except DatasetError as exc:
+        print(
+            f"tracejudge: invalid configuration: --canary-dataset / TRACEJUDGE_CANARY_DATASET: {exc}", file=sys.stderr
+        )
+        return True
+    return False
+
+
 def cmd_consume(namespace: argparse.Namespace) -> int:
     settings = settings_from_args(namespace)
-    if calibration_refused(settings.calibration):
+    if calibration_refused(settings.calibration) or canary_refused(settings):
         return EXIT_USAGE
     configure_logging(settings.log_level, settings.log_format)
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-    from .judge_check import refuse_judge
+    from .judge_check import refuse_judge, refuse_shadow_judge
 
     refused = refuse_judge(settings)  # before any I/O: the judge can answer, and LiteLLM's import is paid now
+    if refused is None:
+        refused = refuse_shadow_judge(settings)
     if refused is not None:
         return refused
     from .app import build_app
@@ -80,12 +99,28 @@ def cmd_calibrate(namespace: argparse.Namespace) -> int:
     return run_calibrate(namespace)
 
 
+def cmd_compare(namespace: argparse.Namespace) -> int:
+    from .compare import run_compare
+
+    return run_compare(namespace)
+
+
 def cmd_backfill(namespace: argparse.Namespace) -> int:
     from .backfill import run_backfill
 
     return run_backfill(namespace)
 
 
+# The canary and the shadow judge watch a running consumer's judge: nothing to do in backfill or the demo.
+WATCH_OPTIONS = (
+    "canary_interval",
+    "canary_dataset",
+    "canary_accuracy_floor",
+    "canary_margin",
+    "shadow_judge_model",
+    "shadow_sample_rate",
+    "shadow_budget_share",
+)
 # Consumer flags that mean nothing to backfill: no group or commits, no /metrics served (its registry is discarded),
 # no backpressure (the range is read once), its own --sample-rate, and no calibrated rates.
 BACKFILL_SKIPS = (
@@ -100,6 +135,7 @@ BACKFILL_SKIPS = (
     "window_seconds",
     "max_open_conversations",
     "commit_interval",
+    *WATCH_OPTIONS,
 )
 
 
@@ -112,7 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo = commands.add_parser("demo", help="the whole pipeline on an embedded broker with a scripted agent")
     add_consumer_flags(
         demo,
-        skip=("topic", "group_id", "start_from", "session_idle_timeout", "calibration", "judge_check"),
+        skip=("topic", "group_id", "start_from", "session_idle_timeout", "calibration", "judge_check", *WATCH_OPTIONS),
         defaults={
             "bootstrap_servers": "an embedded broker",
             "judge_model": "a scripted judge",
@@ -160,6 +196,15 @@ def build_parser() -> argparse.ArgumentParser:
     add_arguments(calibrate)
     add_consumer_flags(calibrate, skip=[dest for _, dest, _ in CONSUMER_FLAGS if dest not in CALIBRATE_OPTIONS])
     calibrate.set_defaults(handler=cmd_calibrate)
+    from .compare import COMPARE_OPTIONS
+    from .compare import add_arguments as add_compare_arguments
+
+    compare = commands.add_parser(
+        "compare", help="compare two judges' verdicts (primary and shadow) from the results topic"
+    )
+    add_compare_arguments(compare)
+    add_consumer_flags(compare, skip=[dest for _, dest, _ in CONSUMER_FLAGS if dest not in COMPARE_OPTIONS])
+    compare.set_defaults(handler=cmd_compare)
     # `tracejudge broker`: a local Kafka in one command for the quickstart (consumer/broker_cmd.py).
     from . import broker_cmd
 

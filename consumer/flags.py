@@ -60,6 +60,13 @@ CONSUMER_FLAGS: list[tuple[str, str, dict[str, Any]]] = [
     ("--max-state-bytes", "max_state_bytes", {}),
     ("--max-conversation-bytes", "max_conversation_bytes", {}),
     ("--end-grace", "end_grace", {"metavar": "SECONDS"}),
+    ("--canary-interval", "canary_interval", {"metavar": "DURATION"}),
+    ("--canary-dataset", "canary_dataset", {"metavar": "PATH.jsonl"}),
+    ("--canary-accuracy-floor", "canary_accuracy_floor", {}),
+    ("--canary-margin", "canary_margin", {}),
+    ("--shadow-judge-model", "shadow_judge_model", {}),
+    ("--shadow-sample-rate", "shadow_sample_rate", {}),
+    ("--shadow-budget-share", "shadow_budget_share", {}),
 ]
 
 

@@ -45,6 +45,24 @@ def check_judge(settings: Settings) -> str | None:
     return None
 
 
+def refuse_shadow_judge(settings: Settings) -> int | None:
+    """As `refuse_judge` for `--shadow-judge-model`: a shadow that cannot answer is refused at startup too."""
+    if not settings.shadow_judge_model:
+        return None
+    model = settings.shadow_judge_model
+    problem = judge_model_problem(model)
+    if problem is not None:
+        flag = "--shadow-judge-model / TRACEJUDGE_SHADOW_JUDGE_MODEL"
+        print(f"tracejudge: invalid configuration: {flag}: {_one_line(problem)}", file=sys.stderr)
+        return EXIT_USAGE
+    if settings.judge_check:
+        problem = check_judge(settings.model_copy(update={"judge_model": model}))
+        if problem is not None:
+            print(problem.replace("the judge", "the shadow judge", 1), file=sys.stderr)
+            return EXIT_JUDGE_UNAVAILABLE
+    return None
+
+
 def refuse_judge(settings: Settings) -> int | None:
     """The CLI's startup step: None to go on, else the exit code after printing one line on stderr."""
     problem = judge_config_error(settings)

@@ -7,6 +7,7 @@ through `on_done` (called on the pool's thread; receivers must be thread-safe).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import threading
 import time
@@ -32,6 +33,7 @@ class Judgement:
     outcome: str
     results: list[MetricResult] = field(default_factory=list)
     judged_at: float = field(default_factory=time.time)
+    shadow_results: list[MetricResult] = field(default_factory=list)  # the shadow judge's, never production verdicts
 
 
 class TokenBucket:
@@ -134,12 +136,21 @@ class JudgePool:
         max_concurrency: int = 16,
         max_requests_per_minute: float | None = None,
         max_cost_per_hour: float | None = None,
+        shadow_judges: Sequence[HolisticJudgeMetric] = (),
+        shadow_sample_rate: float = 0.0,
+        shadow_budget_share: float = 0.0,
     ) -> None:
         self.judges = list(judges)
+        # The shadow judge: its own share of the budget (the primary keeps the rest), its own deterministic sample.
+        self.shadow_judges = list(shadow_judges)
+        self.shadow_sample_rate = shadow_sample_rate
+        self.shadow_budget_share = shadow_budget_share if self.shadow_judges else 0.0
+        self.shadow_budget = SpendWindow(None)
         self.on_done = on_done
         self.max_concurrency = max_concurrency
         self.bucket = TokenBucket(max_requests_per_minute)
         self.budget = SpendWindow(max_cost_per_hour)
+        self.set_budget(max_cost_per_hour)
         self.in_flight = 0
         self._pending = 0
         self._pending_lock = threading.Lock()
@@ -148,6 +159,31 @@ class JudgePool:
         self._slots: asyncio.Semaphore | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._accepting = True
+
+    def set_budget(self, max_per_hour: float | None) -> None:
+        """This worker's USD per hour, split between the primary (and canary) calls and the shadow's share."""
+        if max_per_hour is None:
+            self.budget.max_per_hour = self.shadow_budget.max_per_hour = None
+            return
+        self.shadow_budget.max_per_hour = max_per_hour * self.shadow_budget_share
+        self.budget.max_per_hour = max_per_hour - self.shadow_budget.max_per_hour
+
+    def shadows(self, job: JudgeJob) -> bool:
+        """A deterministic sample of the judged conversations, independent of the primary's (a salted hash)."""
+        from .sampling import sample_point
+
+        return bool(self.shadow_judges) and sample_point(f"shadow\x1f{job.conversation_id}") < self.shadow_sample_rate
+
+    def evaluate_side(
+        self, calls: Sequence[tuple[HolisticJudgeMetric, ConversationalEvalTestCase]]
+    ) -> concurrent.futures.Future[list[MetricResult | None]]:
+        """Judge calls that make no production verdict (the canary), on the pool's loop: the same concurrency
+        slots, rate limit and budget as live calls; None for a call the budget refused."""
+
+        async def run() -> list[MetricResult | None]:
+            return list(await asyncio.gather(*(self._evaluate(j, case, force=False) for j, case in calls)))
+
+        return asyncio.run_coroutine_threadsafe(run(), self._loop)
 
     @property
     def pending(self) -> int:
@@ -178,14 +214,20 @@ class JudgePool:
         task.add_done_callback(self._tasks.discard)
 
     async def _evaluate(
-        self, judge: HolisticJudgeMetric, case: ConversationalEvalTestCase, *, force: bool
+        self,
+        judge: HolisticJudgeMetric,
+        case: ConversationalEvalTestCase,
+        *,
+        force: bool,
+        budget: SpendWindow | None = None,
     ) -> MetricResult | None:
         """One judge call, or None when the budget refuses it: decided here, after the concurrency slot and the
         rate limit, so every call already in flight is counted (a burst cannot all pass an earlier check)."""
         assert self._slots is not None
+        budget = self.budget if budget is None else budget
         async with self._slots:
             await self.bucket.acquire()
-            if not self.budget.reserve(force=force):
+            if not budget.reserve(force=force):
                 return None
             self.in_flight += 1
             cost: float | None = None
@@ -194,7 +236,7 @@ class JudgePool:
                 cost = result.cost_usd or 0.0
             finally:
                 self.in_flight -= 1
-                self.budget.settle(cost)
+                budget.settle(cost)
         return result
 
     async def _judge(self, job: JudgeJob) -> None:
@@ -208,13 +250,26 @@ class JudgePool:
                 )
                 # Negative feedback is judged whatever the budget (as whatever the sample rate); its cost still counts.
                 force = job.negative_feedback
-                calls = await asyncio.gather(*(self._evaluate(j, case, force=force) for j in self.judges))
+                shadow = self.shadows(job) and bool(job.judgeable_turns)
+                shadow_calls = [
+                    self._evaluate(j, case, force=False, budget=self.shadow_budget)
+                    for j in (self.shadow_judges if shadow else ())
+                ]
+                everything = await asyncio.gather(
+                    *(self._evaluate(j, case, force=force) for j in self.judges), *shadow_calls
+                )
+                calls, shadowed = everything[: len(self.judges)], everything[len(self.judges) :]
                 results = [r for r in calls if r is not None]
                 if len(results) < len(calls):
                     outcome = OUTCOME_SKIPPED_BUDGET  # the results of calls made before the budget ran out are kept
                 else:
                     outcome = OUTCOME_JUDGED if all(r.error is None for r in results) else OUTCOME_FAILED
                 judgement = Judgement(job, outcome, results)
+                for judge, shadow_result in zip(self.shadow_judges, shadowed, strict=False):
+                    if shadow_result is None:  # its budget share is spent: counted, never a verdict
+                        shadow_result = MetricResult(name=judge.name, threshold=judge.threshold, model=judge.model_name)
+                        shadow_result.error, shadow_result.error_kind = "skipped: shadow budget share spent", "budget"
+                    judgement.shadow_results.append(shadow_result)
             except Exception:  # a job that never finishes would hold its partition's offset forever
                 logger.exception("judging conversation %s failed", job.conversation_id)
                 judgement = Judgement(job, OUTCOME_FAILED)

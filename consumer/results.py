@@ -28,11 +28,14 @@ def _iso(ns: int) -> str | None:
     return datetime.fromtimestamp(min(ns, _MAX_NS) / 1e9, tz=UTC).isoformat()
 
 
-def result_record(judgement: Judgement, result: MetricResult) -> dict[str, Any]:
+def result_record(judgement: Judgement, result: MetricResult, *, shadow: bool = False) -> dict[str, Any]:
+    """`shadow`: a shadow judge's result (its own id, `shadow: true`); readers of production verdicts skip it."""
     job = judgement.job
     turns = job.turns
+    content = f"{job.content_id}\x1fshadow\x1f{result.model}" if shadow else job.content_id
     return {
-        "result_id": result_id(job.conversation_id, result.name, job.content_id),
+        "result_id": result_id(job.conversation_id, result.name, content),
+        "shadow": shadow,
         "content_id": job.content_id,
         "conversation_id": job.conversation_id,
         "agent": job.agent,

@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import KafkaAdminClient
@@ -26,6 +26,9 @@ from .delivery import Delivery, JudgementSink
 from .emit.prometheus import OUTCOMES, ConsumerMetrics, family_total
 from .feedback import FeedbackJoiner
 from .pool import JudgePool
+
+if TYPE_CHECKING:
+    from .canary import Canary
 from .sampling import Sampler
 from .settings import RECONNECT_BACKOFF_MAX_MS, Settings
 from .streams.assembler import Assembler
@@ -91,6 +94,8 @@ class ConsumerService:
         sinks: Sequence[JudgementSink] = (),
         consumer_factory: Callable[..., KafkaConsumer] = KafkaConsumer,
         producer_factory: Callable[..., KafkaProducer] = KafkaProducer,
+        shadow_judges: Sequence[HolisticJudgeMetric] = (),
+        canary_items: Sequence[Any] = (),
     ) -> None:
         self.settings = settings
         self.prometheus = prometheus
@@ -106,7 +111,12 @@ class ConsumerService:
             max_concurrency=settings.max_concurrency,
             max_requests_per_minute=settings.max_requests_per_minute,
             max_cost_per_hour=settings.max_cost_per_hour,
+            shadow_judges=shadow_judges,
+            shadow_sample_rate=settings.shadow_sample_rate,
+            shadow_budget_share=settings.shadow_budget_share,
         )
+        self.canary_items = list(canary_items)
+        self.canary: Canary | None = None
         prometheus.record_judges(self.pool.judges)  # tracejudge_judge_info: whoever builds the service
         self.instruments = StreamsInstruments(prometheus.registry)
         self.topics = InternalTopics(settings.group_id)
@@ -193,6 +203,7 @@ class ConsumerService:
             )
             self.judge_worker.open()
             self.pool.start()
+            self._start_canary(self.judge_worker)
             self._judge_thread = threading.Thread(target=self._judge_loop, name="tracejudge-judge-worker", daemon=True)
             self._judge_thread.start()
         if settings.role in ("all", "assemble"):
@@ -206,6 +217,27 @@ class ConsumerService:
                 producer_factory=self.producer_factory,
             )
             self.assembler.open()
+
+    def _start_canary(self, worker: JudgeWorker) -> None:
+        """With --canary-interval: the canary thread; it runs only while this worker owns judge-queue partition 0."""
+        settings = self.settings
+        if settings.canary_interval is None or not self.canary_items:
+            return
+        from .canary import Canary, calibration_accuracies
+
+        floors = calibration_accuracies(settings.calibration)
+        if settings.canary_accuracy_floor is not None:
+            floors = {judge.name: settings.canary_accuracy_floor for judge in self.pool.judges}
+        self.canary = Canary(
+            settings.canary_interval,
+            self.canary_items,
+            self.pool.judges,
+            self.pool,
+            self.prometheus,
+            lambda: 0 in worker.assigned and not worker.stopping,
+            floors=floors,
+            margin=settings.canary_margin,
+        ).start()
 
     def run(self) -> None:
         self.connect()
@@ -322,6 +354,8 @@ class ConsumerService:
         self._stop.set()
         if self.assembler is not None:
             self.assembler.close(grace)
+        if self.canary is not None:
+            self.canary.stop(1.0)  # a run under way ends when the pool stops (its calls are cancelled)
         if self._judge_thread is not None:
             self._judge_thread.join(grace)
         if self.judge_worker is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -44,6 +45,24 @@ def parse_pairs(value: Any, what: str) -> dict[str, str]:
             raise ValueError(f"bad {what} {item!r}: expected KEY=VALUE")
         pairs[key.strip()] = val.strip()
     return pairs
+
+
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration(value: Any) -> float:
+    """Seconds from `1h`, `30m`, `5s`, `250ms`, `1h30m` or a bare number of seconds."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    text = str(value).strip().lower()
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    parts = re.findall(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)", text)
+    if not parts or "".join(n + u for n, u in parts) != text:
+        raise ValueError(f"{value!r} is not a duration such as 1h, 30m, 5s or 90")
+    return sum(float(number) * _DURATION_UNITS[unit] for number, unit in parts)
 
 
 def _coerce(value: str) -> Any:
@@ -177,6 +196,38 @@ class Settings(BaseSettings):
         None,
         "a `tracejudge calibrate --output` report: correct hallucination rates for judge error",
     )
+    canary_interval: float | None = _env(
+        "TRACEJUDGE_CANARY_INTERVAL",
+        None,
+        "judge the canary set through the live judges this often, e.g. 1h, 30m, 5s (none: off)",
+    )
+    canary_dataset: str | None = _env(
+        "TRACEJUDGE_CANARY_DATASET",
+        None,
+        "the canary's labelled conversations in the calibrate format (none: a balanced 24-conversation subset of "
+        "the built-in gold set)",
+    )
+    canary_accuracy_floor: float | None = _env(
+        "TRACEJUDGE_CANARY_ACCURACY_FLOOR",
+        None,
+        "canary accuracy expected of every metric (none: the --calibration report's accuracy)",
+    )
+    canary_margin: float = _env(
+        "TRACEJUDGE_CANARY_MARGIN", 0.1, "TracejudgeCanaryRegressed fires this far below the accuracy floor"
+    )
+    shadow_judge_model: str | None = _env(
+        "TRACEJUDGE_SHADOW_JUDGE_MODEL",
+        None,
+        "a second judge model run on a sample of the judged conversations, reported apart (none: off)",
+    )
+    shadow_sample_rate: float = _env(
+        "TRACEJUDGE_SHADOW_SAMPLE_RATE", 0.1, "share of the judged conversations the shadow judge also judges, 0..1"
+    )
+    shadow_budget_share: float = _env(
+        "TRACEJUDGE_SHADOW_BUDGET_SHARE",
+        0.2,
+        "share of --max-cost-per-hour reserved for the shadow judge (the primary gets the rest), 0..1",
+    )
 
     @field_validator("metrics", mode="before")
     @classmethod
@@ -232,6 +283,30 @@ class Settings(BaseSettings):
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"{value!r} is not an http(s) URL such as http://otel-collector:4318")
         return value.strip()
+
+    @field_validator("canary_interval", mode="before")
+    @classmethod
+    def _canary_interval(cls, value: Any) -> float | None:
+        if value is None or value == "" or str(value).strip().lower() in ("off", "none"):
+            return None
+        seconds = parse_duration(value)
+        if seconds <= 0:
+            raise ValueError(f"the canary interval must be positive, got {value!r}")
+        return seconds
+
+    @field_validator("shadow_sample_rate", "shadow_budget_share", "canary_margin")
+    @classmethod
+    def _share(cls, value: float) -> float:
+        if not 0.0 <= value <= 1.0:
+            raise ValueError(f"must be within 0..1, got {value}")
+        return value
+
+    @field_validator("canary_accuracy_floor")
+    @classmethod
+    def _floor(cls, value: float | None) -> float | None:
+        if value is not None and not 0.0 <= value <= 1.0:
+            raise ValueError(f"must be within 0..1, got {value}")
+        return value
 
     @field_validator("sample_rate")
     @classmethod

@@ -183,3 +183,12 @@ def corrected_rate(positives: int, n: int, calibration: HallucinationCalibration
     ) / youden**2
     half = z * math.sqrt(variance)
     return CorrectedRate(estimate, max(0.0, estimate - half), min(1.0, estimate + half))
+
+
+def proportion_interval(successes: int, n: int, *, z: float = Z_95) -> CorrectedRate:
+    """A share and its Agresti–Coull 95 % interval (the adjustment the corrected rates use), clipped to [0, 1]."""
+    if n <= 0:
+        raise ValueError("no observations")
+    p, n_adjusted = _adjusted(successes, n, z)
+    half = z * math.sqrt(p * (1 - p) / n_adjusted)
+    return CorrectedRate(successes / n, max(0.0, p - half), min(1.0, p + half))

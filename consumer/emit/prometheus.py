@@ -20,6 +20,7 @@ from tracejudge.metrics.failure_rate import FAILURE_RATE_WEIGHTS
 
 from ..feedback import Agreement
 from ..pool import OUTCOME_FAILED, OUTCOME_JUDGED, OUTCOME_SAMPLED_OUT, OUTCOME_SKIPPED_BUDGET, Judgement
+from .judge_watch import PURPOSE_LIVE, PURPOSE_SHADOW, CanaryMetrics, ShadowMetrics
 
 OTHER_AGENT = "_other"
 FAILURE_RATE = "failure_rate"
@@ -256,7 +257,10 @@ class ConsumerMetrics:
             registry=registry,
         )
         self.judge_cost = Counter(
-            "tracejudge_judge_cost_usd_total", "Judge spend in USD", ["metric", "model"], registry=registry
+            "tracejudge_judge_cost_usd_total",
+            "Judge spend in USD, by purpose: live (production verdicts), canary, shadow",
+            ["metric", "model", "purpose"],
+            registry=registry,
         )
         self.judge_tokens = Counter(
             "tracejudge_judge_tokens_total",
@@ -313,6 +317,8 @@ class ConsumerMetrics:
         for output in ("results_topic", "dead_letter", "otlp", "sink"):
             self.output_errors.labels(output=output)
         self._seen_agents: set[str] = set()
+        self.canary = CanaryMetrics(registry)
+        self.shadow = ShadowMetrics(registry, window_sessions=window_sessions, window_seconds=window_seconds)
 
     def _agent(self, agent: str) -> str:
         label = self.agent_label(agent)
@@ -340,7 +346,9 @@ class ConsumerMetrics:
         for result in judgement.results:
             self.judge_latency.labels(metric=result.name).observe(result.latency_s)
             if result.cost_usd:
-                self.judge_cost.labels(metric=result.name, model=result.model).inc(result.cost_usd)
+                self.judge_cost.labels(metric=result.name, model=result.model, purpose=PURPOSE_LIVE).inc(
+                    result.cost_usd
+                )
             self._record_tokens(result)
             if result.error is not None or result.score is None or result.verdict is None:
                 self.judge_errors.labels(metric=result.name, reason=result.error_kind or "unknown").inc()
@@ -349,6 +357,15 @@ class ConsumerMetrics:
             self.verdicts.labels(agent=agent, metric=result.name, verdict=result.verdict).inc(exemplar=exemplar)
             self.score.labels(agent=agent, metric=result.name).observe(result.score, exemplar=exemplar)
             self.windows.add(result.name, agent, result.score, result.verdict)
+        if judgement.shadow_results:
+            self.record_side_cost(judgement.shadow_results, PURPOSE_SHADOW)
+            self.shadow.record(agent, judgement.results, judgement.shadow_results)
+
+    def record_side_cost(self, results: Iterable[MetricResult], purpose: str) -> None:
+        """Spend of calls that make no production verdict (canary, shadow): counted apart by `purpose`."""
+        for result in results:
+            if result.cost_usd:
+                self.judge_cost.labels(metric=result.name, model=result.model, purpose=purpose).inc(result.cost_usd)
 
     def _record_tokens(self, result: MetricResult) -> None:
         """`input_tokens` holds every prompt token; cache reads and cache writes are parts of it, each counted once."""

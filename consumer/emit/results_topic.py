@@ -18,7 +18,9 @@ class ResultsTopic:
         """Returns the deliveries: the consumer commits the conversation only once the broker has them all."""
         key = judgement.job.conversation_id.encode("utf-8", "surrogatepass")
         deliveries = []
-        for result in judgement.results:
-            value = json.dumps(result_record(judgement, result), ensure_ascii=False).encode("utf-8", "surrogatepass")
+        records = [result_record(judgement, result) for result in judgement.results]
+        records += [result_record(judgement, result, shadow=True) for result in judgement.shadow_results]
+        for record in records:
+            value = json.dumps(record, ensure_ascii=False).encode("utf-8", "surrogatepass")
             deliveries.append(self.writer.write(key, value))
         return deliveries

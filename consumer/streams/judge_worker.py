@@ -132,7 +132,7 @@ class JudgeWorker(AsyncConsumerRebalanceListener):
         """This worker's share of the group's budget: the share of judge-queue partitions it owns."""
         if self._budget_total is None:
             return
-        self.pool.budget.max_per_hour = self._budget_total * len(self.assigned) / max(1, self.partitions)
+        self.pool.set_budget(self._budget_total * len(self.assigned) / max(1, self.partitions))
 
     async def on_partitions_assigned(self, assigned: Any) -> None:
         self.assigned |= {tp.partition for tp in assigned}

@@ -54,6 +54,13 @@ CONSUME_FLAGS = {
     "--max-state-bytes": ("TRACEJUDGE_MAX_STATE_BYTES", "536870912"),
     "--max-conversation-bytes": ("TRACEJUDGE_MAX_CONVERSATION_BYTES", "262144"),
     "--end-grace": ("TRACEJUDGE_END_GRACE", "2.0"),
+    "--canary-interval": ("TRACEJUDGE_CANARY_INTERVAL", "none"),
+    "--canary-dataset": ("TRACEJUDGE_CANARY_DATASET", "none"),
+    "--canary-accuracy-floor": ("TRACEJUDGE_CANARY_ACCURACY_FLOOR", "none"),
+    "--canary-margin": ("TRACEJUDGE_CANARY_MARGIN", "0.1"),
+    "--shadow-judge-model": ("TRACEJUDGE_SHADOW_JUDGE_MODEL", "none"),
+    "--shadow-sample-rate": ("TRACEJUDGE_SHADOW_SAMPLE_RATE", "0.1"),
+    "--shadow-budget-share": ("TRACEJUDGE_SHADOW_BUDGET_SHARE", "0.2"),
 }
 
 
@@ -89,7 +96,7 @@ def test_consume_help_names_env_var_and_default_of_every_flag() -> None:
         assert len(description.strip()) > 5, entries[flag]  # a description, not only the variable
 
 
-@pytest.mark.parametrize("command", ["demo", "backfill", "calibrate"])
+@pytest.mark.parametrize("command", ["demo", "backfill", "calibrate", "compare"])
 def test_every_flag_of_every_command_has_help_with_its_default(command: str) -> None:
     entries = help_entries(command)
     assert entries

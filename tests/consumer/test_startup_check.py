@@ -221,3 +221,13 @@ def test_calibrate_checks_the_judge_and_can_skip_the_check(
     judge_server.check_reply = Reply(content="OK")
     assert main(argv) == 0
     assert len(judge_server.checks) == 2 and len(judge_server.requests) == 2
+
+
+def test_an_unroutable_shadow_judge_is_a_configuration_error(
+    judge_server: JudgeServer, kafka: KafkaListener, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The shadow is checked as the primary is: exit 2, one line naming --shadow-judge-model, Kafka never contacted."""
+    assert main(_consume(kafka, "--shadow-judge-model", "foo/bar")) == EXIT_USAGE
+    line = _one_line(capsys.readouterr().err)
+    assert line.startswith("tracejudge: invalid configuration: --shadow-judge-model / TRACEJUDGE_SHADOW_JUDGE_MODEL: ")
+    assert len(judge_server.checks) == 1 and not kafka.connected.is_set()  # the primary's check only

@@ -72,6 +72,12 @@ def exported_metric_names() -> set[str]:
     metrics.record_judges([FailureRateMetric("m")])
     metrics.record_feedback("a", negative=True)
     metrics.record_agreement(Agreement("a", "failure_rate", judge_passed=True, human_positive=False))
+    metrics.canary.record_run("failure_rate", "m", "failure_rate@x", 0.9, 0.8, 0)
+    metrics.canary.floor.labels(metric="failure_rate").set(0.8)
+    metrics.canary.runs.inc()
+    metrics.canary.errors.labels(metric="failure_rate", reason="timeout").inc()
+    shadow = MetricResult(name="failure_rate", verdict="hallucination", score=0.0, threshold=0.7, model="s")
+    metrics.record_judgement(Judgement(job("e"), "judged", [result], shadow_results=[shadow, error]))
     return {sample.name for family in registry.collect() for sample in family.samples}
 
 
@@ -150,6 +156,9 @@ def test_dashboard_covers_what_users_watch() -> None:
         "tracejudge_consumer_lag",
         "tracejudge_sessions_open",
         "tracejudge_records_total",
+        "tracejudge_canary_accuracy",
+        "tracejudge_canary_flips_total",
+        "tracejudge_shadow_agreement",
     ):
         assert needle in text, needle
     assert board["templating"]["list"][0]["name"] == "agent"

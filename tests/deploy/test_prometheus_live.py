@@ -25,7 +25,15 @@ def test_prometheus_scrapes_alerts_and_dashboard_queries(
 ) -> None:
     judge_server.responder = judge_with_failures
     provider = traced_app(broker.bootstrap_servers, topic)
-    settings = consumer_settings(broker.bootstrap_servers, topic)
+    # The canary and a shadow judge run too, so the dashboard's judge-watch panels have data to show.
+    settings = consumer_settings(
+        broker.bootstrap_servers,
+        topic,
+        canary_interval="5s",
+        canary_accuracy_floor=0.5,
+        shadow_judge_model="gpt-4.1-mini",
+        shadow_sample_rate=0.2,
+    )
     with RunningConsumer(settings) as consumer:
         with running_prometheus(tmp_path, consumer.app.metrics_url) as base:
             warm_up(provider, consumer, "spiky-bot", "honest-bot")

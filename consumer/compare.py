@@ -1,0 +1,328 @@
+"""`tracejudge compare`: two judges' verdicts on the same conversations, read back from the results topic.
+
+Before switching the judge model (or a rubric), run the candidate as a shadow (`--shadow-judge-model`) for a while,
+then compare: agreement, Cohen's kappa, the confusion matrix, the conversations that flipped (with their trace ids)
+and each side's hallucination rate with its interval. Pairs are the same conversation, transcript (content id) and
+metric on both sides, so a continuation is never compared with an older version of itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from tracejudge.metrics.calibration import cohen_kappa, confusion_matrix, proportion_interval
+
+from .gold import KAPPA_WEIGHTING, LABELS
+
+EXIT_OK, EXIT_BELOW, EXIT_USAGE = 0, 1, 2
+SIDES = ("shadow", "model", "rubric_version")
+# The consumer options that mean something here: where the results topic is and how to log.
+COMPARE_OPTIONS = frozenset({"bootstrap_servers", "results_topic", "kafka_config", "log_level", "log_format"})
+
+
+class CompareError(ValueError):
+    """A usage error: one line on stderr, exit 2."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--from",
+        dest="start",
+        required=True,
+        metavar="TIME",
+        help="judged at or after: ISO 8601 or Unix seconds (required)",
+    )
+    parser.add_argument("--to", dest="end", required=True, metavar="TIME", help="judged before: as --from (required)")
+    parser.add_argument(
+        "--by",
+        choices=SIDES,
+        default="shadow",
+        help="what tells the two sides apart: shadow (primary vs shadow results), model or rubric_version (give "
+        "--a and --b) (default shadow)",
+    )
+    parser.add_argument("--a", default=None, metavar="VALUE", help="side a's model or rubric version (default none)")
+    parser.add_argument("--b", default=None, metavar="VALUE", help="side b's model or rubric version (default none)")
+    parser.add_argument(
+        "--metric", action="append", default=None, choices=sorted(LABELS), help="only this metric (default all)"
+    )
+    parser.add_argument("--agent", default=None, help="only this agent's conversations (default all)")
+    parser.add_argument(
+        "--min-agreement", type=float, default=None, metavar="X", help="exit 1 below this agreement (default no gate)"
+    )
+    parser.add_argument(
+        "--output", default=None, metavar="compare.json", help="write the comparison as JSON (default not written)"
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    conversation_id: str
+    content_id: str
+    metric: str
+    verdict: str
+    model: str
+    rubric_version: str
+    trace_id: str | None
+    agent: str
+
+
+def side_of(record: dict[str, Any], by: str, a: str | None, b: str | None) -> str | None:
+    """ "a", "b" or None (neither side) for one results-topic record."""
+    if by == "shadow":
+        return "b" if record.get("shadow") else "a"
+    value = record.get(by)
+    if value == a:
+        return "a"
+    if value == b:
+        return "b"
+    return None
+
+
+def pair_up(
+    records: list[dict[str, Any]],
+    *,
+    by: str = "shadow",
+    a: str | None = None,
+    b: str | None = None,
+    start: datetime | None = None,
+    end: datetime | None = None,
+    agent: str | None = None,
+    metrics: list[str] | None = None,
+) -> dict[str, list[tuple[Verdict, Verdict]]]:
+    """Per metric, (a, b) verdict pairs on the same conversation, content id and metric; a replayed result (the
+    same id written twice) counts once, a failed judgement (no verdict) never."""
+    sides: dict[str, dict[tuple[str, str, str], Verdict]] = {"a": {}, "b": {}}
+    for record in records:
+        if record.get("error") is not None or record.get("verdict") is None:
+            continue
+        metric = record.get("metric")
+        if metric not in LABELS or (metrics and metric not in metrics) or record["verdict"] not in LABELS[metric]:
+            continue
+        if agent is not None and record.get("agent") != agent:
+            continue
+        if start is not None or end is not None:
+            try:
+                judged = datetime.fromisoformat(str(record.get("judged_at")))
+            except ValueError:
+                continue
+            if (start is not None and judged < start) or (end is not None and judged >= end):
+                continue
+        side = side_of(record, by, a, b)
+        if side is None:
+            continue
+        verdict = Verdict(
+            str(record.get("conversation_id")),
+            str(record.get("content_id")),
+            metric,
+            record["verdict"],
+            str(record.get("model")),
+            str(record.get("rubric_version")),
+            record.get("trace_id"),
+            str(record.get("agent")),
+        )
+        sides[side][(verdict.conversation_id, verdict.content_id, metric)] = verdict
+    pairs: dict[str, list[tuple[Verdict, Verdict]]] = {}
+    for key in sorted(sides["a"].keys() & sides["b"].keys()):
+        pairs.setdefault(key[2], []).append((sides["a"][key], sides["b"][key]))
+    return pairs
+
+
+def _rate(verdicts: list[Verdict]) -> dict[str, Any]:
+    n = len(verdicts)
+    hits = sum(v.verdict == "hallucination" for v in verdicts)
+    interval = proportion_interval(hits, n)
+    return {"hallucinations": hits, "n": n, "rate": interval.estimate, "lower": interval.lower, "upper": interval.upper}
+
+
+def compare_metric(metric: str, pairs: list[tuple[Verdict, Verdict]]) -> dict[str, Any]:
+    labels = LABELS[metric]
+    matrix = confusion_matrix(((x.verdict, y.verdict) for x, y in pairs), labels)
+    flipped = [
+        {
+            "conversation_id": x.conversation_id,
+            "trace_id": x.trace_id,
+            "content_id": x.content_id,
+            "agent": x.agent,
+            "a": x.verdict,
+            "b": y.verdict,
+        }
+        for x, y in pairs
+        if x.verdict != y.verdict
+    ]
+    report: dict[str, Any] = {
+        "pairs": len(pairs),
+        "agreement": (len(pairs) - len(flipped)) / len(pairs),
+        "kappa": cohen_kappa(matrix, KAPPA_WEIGHTING[metric]),
+        "kappa_weighting": KAPPA_WEIGHTING[metric],
+        "a": {
+            "models": sorted({x.model for x, _ in pairs}),
+            "rubric_versions": sorted({x.rubric_version for x, _ in pairs}),
+        },
+        "b": {
+            "models": sorted({y.model for _, y in pairs}),
+            "rubric_versions": sorted({y.rubric_version for _, y in pairs}),
+        },
+        "labels": list(labels),
+        "confusion_matrix": matrix,
+        "flipped": flipped,
+    }
+    if metric == "failure_rate":
+        report["hallucination_rate"] = {"a": _rate([x for x, _ in pairs]), "b": _rate([y for _, y in pairs])}
+    return report
+
+
+def read_results(settings: Any) -> list[dict[str, Any]]:
+    """Every record of the results topic up to its end (no group, no commits); KafkaUnreachable when the brokers do
+    not answer. An unreadable record is skipped (counted in the report)."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    from .service import reaching_kafka
+
+    config = {"enable_auto_commit": False, **settings.consumer_config()}
+    with reaching_kafka(settings.bootstrap_servers, config):
+        consumer = KafkaConsumer(bootstrap_servers=settings.bootstrap_servers, **config)
+    records: list[dict[str, Any]] = []
+    try:
+        partitions = consumer.partitions_for_topic(settings.results_topic)
+        if not partitions:
+            raise CompareError(f"--results-topic: topic {settings.results_topic!r} does not exist")
+        assigned = [TopicPartition(settings.results_topic, p) for p in sorted(partitions)]
+        consumer.assign(assigned)
+        consumer.seek_to_beginning(*assigned)
+        ends = consumer.end_offsets(assigned)
+        idle = 0
+        while idle < 20 and any(consumer.position(tp) < ends[tp] for tp in assigned):
+            batches = consumer.poll(timeout_ms=500)
+            idle = 0 if batches else idle + 1
+            for batch in batches.values():
+                for record in batch:
+                    try:
+                        value = json.loads(record.value)
+                    except (TypeError, ValueError):
+                        continue
+                    if isinstance(value, dict):
+                        records.append(value)
+    finally:
+        consumer.close()
+    return records
+
+
+def _fmt(value: float | None) -> str:
+    return "—" if value is None else f"{value:.3f}"
+
+
+def print_comparison(report: dict[str, Any], console: Any) -> None:
+    from rich.table import Table
+
+    for metric, m in report["metrics"].items():
+        console.print(
+            f"\n[bold]{metric}[/bold]  pairs={m['pairs']}  agreement={_fmt(m['agreement'])}  "
+            f"kappa={_fmt(m['kappa'])} ({m['kappa_weighting']})  a={','.join(m['a']['models'])}  "
+            f"b={','.join(m['b']['models'])}"
+        )
+        table = Table(title=f"{metric}: a (rows) × b (columns)", title_justify="left")
+        table.add_column("a \\ b")
+        for label in m["labels"]:
+            table.add_column(label, justify="right")
+        for i, (label, row) in enumerate(zip(m["labels"], m["confusion_matrix"], strict=True)):
+            table.add_row(label, *(f"[bold]{c}[/bold]" if i == j else str(c) for j, c in enumerate(row)))
+        console.print(table)
+        for side, rate in m.get("hallucination_rate", {}).items():
+            console.print(
+                f"hallucination rate {side}: {rate['rate']:.3f} (95% {rate['lower']:.3f}–{rate['upper']:.3f}, "
+                f"{rate['hallucinations']}/{rate['n']})"
+            )
+        console.print(f"flipped: {len(m['flipped'])}")
+        for flip in m["flipped"][:50]:
+            console.print(f"  {flip['conversation_id']}  trace {flip['trace_id']}  {flip['a']} → {flip['b']}")
+        if len(m["flipped"]) > 50:
+            console.print(f"  … {len(m['flipped']) - 50} more (all in --output)")
+
+
+def _usage(message: str) -> int:
+    print(f"tracejudge compare: {message}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def run_compare(namespace: argparse.Namespace) -> int:
+    """0; 1 when an agreement is below --min-agreement; 2 for a usage error; 69 when Kafka does not answer."""
+    from rich.console import Console
+
+    from ._logging import configure_logging
+    from .backfill import parse_time
+    from .flags import settings_from_args
+    from .service import StartupError
+
+    settings = settings_from_args(namespace)
+    try:
+        start, end = parse_time(namespace.start), parse_time(namespace.end)
+    except ValueError as exc:
+        return _usage(f"invalid time: {exc}")
+    if start >= end:
+        return _usage(f"--from ({start.isoformat()}) must be before --to ({end.isoformat()})")
+    if not settings.results_topic:
+        return _usage("--results-topic / TRACEJUDGE_RESULTS_TOPIC is needed: the topic the consumer wrote results to")
+    if namespace.by != "shadow" and (not namespace.a or not namespace.b or namespace.a == namespace.b):
+        return _usage(f"--by {namespace.by} needs two different values, --a and --b")
+    if namespace.min_agreement is not None and not 0.0 <= namespace.min_agreement <= 1.0:
+        return _usage(f"--min-agreement must be within 0..1, got {namespace.min_agreement:g}")
+    if namespace.output is not None and not Path(namespace.output).resolve().parent.is_dir():
+        return _usage(f"--output: directory {Path(namespace.output).resolve().parent} does not exist")
+    configure_logging(settings.log_level, settings.log_format)
+    try:
+        records = read_results(settings)
+    except CompareError as exc:
+        return _usage(str(exc))
+    except StartupError as exc:
+        print(f"tracejudge compare: {exc}", file=sys.stderr)
+        return exc.exit_code
+    pairs = pair_up(
+        records,
+        by=namespace.by,
+        a=namespace.a,
+        b=namespace.b,
+        start=start,
+        end=end,
+        agent=namespace.agent,
+        metrics=namespace.metric,
+    )
+    if not pairs:
+        sides = "primary and shadow" if namespace.by == "shadow" else f"{namespace.by} {namespace.a} and {namespace.b}"
+        return _usage(
+            f"no conversation judged by both {sides} between {start.isoformat()} and {end.isoformat()} in "
+            f"{settings.results_topic!r} ({len(records)} records read)"
+        )
+    report = {
+        "results_topic": settings.results_topic,
+        "from": start.isoformat(),
+        "to": end.isoformat(),
+        "by": namespace.by,
+        "a": namespace.a or ("primary" if namespace.by == "shadow" else None),
+        "b": namespace.b or ("shadow" if namespace.by == "shadow" else None),
+        "records": len(records),
+        "metrics": {metric: compare_metric(metric, metric_pairs) for metric, metric_pairs in pairs.items()},
+    }
+    missed = [
+        f"{metric} agreement {m['agreement']:.3f} < {namespace.min_agreement:g}"
+        for metric, m in report["metrics"].items()
+        if namespace.min_agreement is not None and m["agreement"] < namespace.min_agreement
+    ]
+    report["gate"] = {"min_agreement": namespace.min_agreement, "missed": missed}
+    console = Console()
+    print_comparison(report, console)
+    if namespace.output is not None:
+        try:
+            Path(namespace.output).write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        except OSError as exc:
+            return _usage(f"--output: cannot write {namespace.output}: {exc.strerror or exc}")
+        console.print(f"comparison written to {namespace.output}")
+    if missed:
+        console.print(f"[red]below --min-agreement: {'; '.join(missed)}[/red]")
+        return EXIT_BELOW
+    return EXIT_OK
