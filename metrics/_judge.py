@@ -414,6 +414,8 @@ class HolisticJudgeMetric:
         result.output_tokens = add(result.output_tokens, reply.output_tokens)
         result.cached_input_tokens = add(result.cached_input_tokens, reply.cached_input_tokens)
         result.cache_write_input_tokens = add(result.cache_write_input_tokens, reply.cache_write_input_tokens)
+        result.tier = reply.tier or result.tier
+        result.tier_fallbacks += reply.tier_fallbacks
 
     @staticmethod
     def _fail(result: MetricResult, kind: str, message: str) -> None:
