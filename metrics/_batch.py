@@ -26,7 +26,7 @@ from tracejudge.tracer.rate_limited_log import RateLimitedLog
 
 from ._errors import JudgeCallError
 from ._llm import JudgeBackend, JudgeReply, _import_litellm, classify_litellm_error, usage_tokens
-from ._results import ERROR_BAD_REQUEST, ERROR_SERVER
+from ._results import ERROR_BAD_REQUEST, ERROR_INTERNAL, ERROR_SERVER
 from ._tiers import BATCH_PROVIDERS, TIER_BATCH, tier_cost
 
 logger = logging.getLogger("tracejudge.metrics.batch")
@@ -232,7 +232,7 @@ class BatchCoordinator:
             batch.state,
             len(batch.custom_ids),
         )
-        self._spawn(self._follow(batch))
+        self._spawn(self._guarded(batch, self._follow(batch)))
 
     def _spawn(self, coroutine: Any) -> None:
         assert self._loop is not None
@@ -259,13 +259,25 @@ class BatchCoordinator:
             self._batches[batch.key] = batch
             for cid in batch.custom_ids:
                 self._known[cid] = batch.key
-            self._spawn(self._submit_and_follow(batch))
+            self._spawn(self._guarded(batch, self._submit_and_follow(batch)))
 
     # -- one batch's life -------------------------------------------------------------------------------------------
 
     async def _save(self, batch: _Batch) -> None:
         assert self._store is not None
         await asyncio.to_thread(self._store.save, batch.record(self.litellm_model))
+
+    async def _guarded(self, batch: _Batch, work: Any) -> None:
+        """A bug here must not leave calls waiting for ever: they fail (internal) and the batch stays recorded."""
+        try:
+            await work
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            logger.exception("judge batch %s: internal error", batch.batch_id or batch.key)
+            self._finish(
+                batch, {}, JudgeCallError(ERROR_INTERNAL, f"batch tier internal error: {exc!r}", retryable=False)
+            )
 
     async def _submit_and_follow(self, batch: _Batch) -> None:
         try:
@@ -369,7 +381,9 @@ class BatchCoordinator:
                 if state == _TERMINAL_OK or state == "failed":
                     reason = _batch_errors(status) if state == "failed" else "missing from the batch's output"
                     kind = ERROR_BATCH_FAILED if state == "failed" else ERROR_SERVER
-                    self._finish(batch, answers, JudgeCallError(kind, f"judge batch {state}: {reason}"))
+                    self._finish(
+                        batch, answers, JudgeCallError(kind, f"judge batch {state}: {reason}", retryable=False)
+                    )
                     batch.state = "done"
                     await self._save_quietly(batch)
                     return
@@ -398,7 +412,7 @@ class BatchCoordinator:
                     self._batches[retry.key] = retry
                     for cid in left:
                         self._known[cid] = retry.key
-                    self._spawn(self._submit_and_follow(retry))
+                    self._spawn(self._guarded(retry, self._submit_and_follow(retry)))
                     return
                 self._event("expired")
                 self._log.warning(
@@ -411,7 +425,7 @@ class BatchCoordinator:
                 self._finish(
                     batch,
                     answers,
-                    JudgeCallError(ERROR_BATCH_EXPIRED, f"judge batch {state} after one resubmission"),
+                    JudgeCallError(ERROR_BATCH_EXPIRED, f"judge batch {state} after one resubmission", retryable=False),
                 )
                 batch.state = "done"
                 await self._save_quietly(batch)
@@ -439,6 +453,8 @@ class BatchCoordinator:
                 if not line.strip():
                     continue
                 item = json.loads(line)
+                if _unreached(item):  # an expired or cancelled batch's lines it never ran: submitted again once
+                    continue
                 answer = self._answer(item)
                 answers[str(item.get("custom_id"))] = answer
                 failed += isinstance(answer, JudgeCallError)
@@ -455,11 +471,13 @@ class BatchCoordinator:
             detail = error or (body.get("error") if isinstance(body, dict) else None) or body
             message = detail.get("message") if isinstance(detail, dict) else str(detail)
             kind = ERROR_SERVER if status >= 500 else ERROR_BAD_REQUEST
-            return JudgeCallError(kind, f"batch item failed ({status or 'no status'}): {str(message)[:300]}")
+            return JudgeCallError(
+                kind, f"batch item failed ({status or 'no status'}): {str(message)[:300]}", retryable=False
+            )
         try:
             text = body["choices"][0]["message"]["content"] or ""
         except (KeyError, IndexError, TypeError):
-            return JudgeCallError(ERROR_SERVER, "batch item without a message")
+            return JudgeCallError(ERROR_SERVER, "batch item without a message", retryable=False)
         prompt, read, written, output = usage_tokens(body.get("usage"))
         cost = tier_cost(
             self.litellm_model,
@@ -510,6 +528,11 @@ class BatchCoordinator:
                 if self._waiting.get(cid):  # asked for meanwhile: submitted now
                     self._log.warning("judge batch %s was never created: its requests are submitted again", batch.key)
         self._batches.pop(batch.key, None)
+
+
+def _unreached(item: dict[str, Any]) -> bool:
+    error = item.get("error")
+    return isinstance(error, dict) and error.get("code") in ("batch_expired", "batch_cancelled")
 
 
 def _settled(answer: JudgeReply | JudgeCallError) -> JudgeReply:
