@@ -14,10 +14,9 @@ from typing import Any
 from prometheus_client import CollectorRegistry, start_http_server
 
 from tracejudge.metrics import ConversationalFlowRateMetric, CustomLLMClient, FailureRateMetric, HolisticJudgeMetric
-from tracejudge.metrics._batch import BatchBackend, BatchCoordinator, batch_problem
-from tracejudge.metrics._llm import JudgeBackend, LiteLLMBackend, litellm_model_string
-from tracejudge.metrics._tiers import FLEX_MIN_TIMEOUT_S, TIER_BATCH, TIER_FLEX, TIER_STANDARD, has_tier_price
+from tracejudge.metrics.batch import BatchBackend, BatchCoordinator, LiteLLMBackend, batch_problem, litellm_model_string
 from tracejudge.metrics.calibration import load_hallucination_calibration
+from tracejudge.metrics.tiers import FLEX_MIN_TIMEOUT_S, TIER_BATCH, TIER_FLEX, TIER_STANDARD, has_tier_price
 from tracejudge.metrics.transcript import Redactor
 from tracejudge.tracer.redact import redact_pii
 
@@ -57,7 +56,7 @@ def tier_problem(settings: Settings) -> str | None:
         return str(exc)
 
 
-def judge_tier_backend(settings: Settings, model: str) -> tuple[str | JudgeBackend, float]:
+def judge_tier_backend(settings: Settings, model: str) -> tuple[str | BatchBackend | LiteLLMBackend, float]:
     """The judge backend for --judge-tier and its per-attempt timeout. Flex where the price map lists a flex price
     for the model (else said once, and standard); batch through one coordinator per model."""
     tier = settings.judge_tier
@@ -96,7 +95,7 @@ def build_judges(
     settings: Settings, judge: str | CustomLLMClient | None = None, redactor: Redactor | None = None
 ) -> list[HolisticJudgeMetric]:
     """One judge per configured metric; `redactor` replaces the default PII redactor (applied when --redact)."""
-    model: str | CustomLLMClient | JudgeBackend = judge if judge is not None else settings.judge_model
+    model: str | CustomLLMClient | BatchBackend | LiteLLMBackend = judge if judge is not None else settings.judge_model
     timeout = settings.judge_timeout
     if isinstance(model, str) and settings.judge_tier != TIER_STANDARD:
         _BATCH_COORDINATORS.clear()  # one coordinator per model and build (each consumer its own store)

@@ -19,7 +19,7 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import KafkaAdminClient
 
 from tracejudge.metrics import HolisticJudgeMetric
-from tracejudge.metrics._batch import BatchCoordinator
+from tracejudge.metrics.batch import BatchCoordinator
 
 from ._errors import ConsumerError
 from ._logging import quiet_kafka_connections

@@ -35,7 +35,7 @@ from ._results import (
     ERROR_SERVER,
     ERROR_TIMEOUT,
 )
-from ._tiers import TIER_FLEX, TIER_STANDARD, is_flex_unavailable, tier_cost
+from .tiers import TIER_FLEX, TIER_STANDARD, is_flex_unavailable, tier_cost
 
 # Seeds' short provider names that differ from LiteLLM's.
 _PROVIDER_ALIASES = {"google": "gemini"}

@@ -9,9 +9,9 @@ import pytest
 
 from tests.support.judge_server import JudgeServer, Reply, conversation_text, verdict
 from tracejudge.metrics import ConversationalEvalTestCase, EvalTestCase, FailureRateMetric
-from tracejudge.metrics._batch import ERROR_BATCH_EXPIRED, BatchBackend, BatchCoordinator, MemoryBatchStore
 from tracejudge.metrics._llm import LiteLLMBackend
-from tracejudge.metrics._tiers import TIER_BATCH, TIER_FLEX, TIER_STANDARD, has_tier_price, tier_cost, tier_prices
+from tracejudge.metrics.batch import ERROR_BATCH_EXPIRED, BatchBackend, BatchCoordinator, MemoryBatchStore
+from tracejudge.metrics.tiers import TIER_BATCH, TIER_FLEX, TIER_STANDARD, has_tier_price, tier_cost, tier_prices
 
 LABELS = ["hallucination", "stall", "mixed", "honest_fallback", "alternative_proposed", "not_applicable"]
 
@@ -64,9 +64,7 @@ async def test_flex_sends_service_tier_and_falls_back_on_capacity(judge_server: 
     tiers = [r.get("service_tier") for r in judge_server.requests]
     assert tiers == [None, "flex"]  # the fallback went out without the flex tier
     assert second.cost_usd == pytest.approx(
-        tier_cost(
-            "openai/gpt-5-mini", TIER_FLEX, input_tokens=second.input_tokens, output_tokens=second.output_tokens
-        )
+        tier_cost("openai/gpt-5-mini", TIER_FLEX, input_tokens=second.input_tokens, output_tokens=second.output_tokens)
     )
 
 
@@ -133,10 +131,13 @@ async def test_restart_polls_the_same_batch_and_never_pays_twice(judge_server: J
     calls = [asyncio.ensure_future(first.evaluate(conversation(i))) for i in range(6)]
 
     async def submitted() -> None:
-        while not any(r.get("state") == "submitted" for r in store.load()):
+        for _ in range(500):  # a condition with a deadline (10 s), polled: the store has no notification
+            if any(r.get("state") == "submitted" for r in store.load()):
+                return
             await asyncio.sleep(0.02)
+        raise AssertionError("the batch was not recorded as submitted within 10 s")
 
-    await asyncio.wait_for(submitted(), 10)
+    await submitted()
     for call in calls:  # the process dies: its calls are gone, the batch record is not
         call.cancel()
     await asyncio.gather(*calls, return_exceptions=True)

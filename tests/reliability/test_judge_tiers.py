@@ -27,7 +27,7 @@ from tests.support.pipeline import (
 from tracejudge.consumer.embedded_broker import EmbeddedBroker
 from tracejudge.consumer.streams.batch_store import batches_topic
 from tracejudge.metrics._llm import _import_litellm
-from tracejudge.metrics._tiers import TIER_BATCH, TIER_STANDARD, tier_cost
+from tracejudge.metrics.tiers import TIER_BATCH, TIER_STANDARD, tier_cost
 
 LABELS = ["hallucination", "stall", "mixed", "honest_fallback", "alternative_proposed", "not_applicable"]
 FLOW = ["fully", "mostly", "partial", "minor", "none"]
@@ -116,9 +116,7 @@ def test_batch_tier_matches_standard_at_half_price(
 
     topic_b = f"{topic}-b"
     broker.create_topic(topic_b, partitions=3)
-    batched, batch_delay, delays, batch_spent, cost_metric = run_tier(
-        broker, topic_b, judge_server, TIER_BATCH, "bat"
-    )
+    batched, batch_delay, delays, batch_spent, cost_metric = run_tier(broker, topic_b, judge_server, TIER_BATCH, "bat")
 
     assert len(verdicts(batched)) == 2 * CONVERSATIONS
     assert verdicts(batched) == verdicts(standard)  # verdict, reason, rubric version, failure reason: identical
@@ -137,10 +135,8 @@ def test_batch_tier_matches_standard_at_half_price(
     assert batch_spent == pytest.approx(sum(r.cost_usd for r in results))
     assert cost_metric == pytest.approx(batch_spent)
     assert batch_spent == pytest.approx(standard_spent / 2, rel=0.02)
-    print(f"verdict delay: standard {standard_delay:.2f}s, batch {batch_delay:.2f}s (mean)")
-    (ROOT / "bench" / "verdict_delay.json").write_text(
-        json.dumps({"standard_mean_s": round(standard_delay, 2), "batch_mean_s": round(batch_delay, 2)}) + "\n"
-    )
+    print(f"verdict delay: standard {standard_delay:.2f}s, batch {batch_delay:.2f}s (mean)")  # docs/tiers.md
+    assert batch_delay < 60  # the batch's wait (1 s), the server's batch (0.25 s) and polls (0.2 s): seconds here
 
 
 def test_kill_9_after_submission_polls_the_same_batch(

@@ -25,9 +25,29 @@ from typing import Any, Protocol
 from tracejudge.tracer.rate_limited_log import RateLimitedLog
 
 from ._errors import JudgeCallError
-from ._llm import JudgeBackend, JudgeReply, _import_litellm, classify_litellm_error, usage_tokens
+from ._llm import (
+    JudgeBackend,
+    JudgeReply,
+    LiteLLMBackend,
+    _import_litellm,
+    classify_litellm_error,
+    litellm_model_string,
+    needs_cache_breakpoint,
+    usage_tokens,
+    with_cache_breakpoint,
+)
 from ._results import ERROR_BAD_REQUEST, ERROR_INTERNAL, ERROR_SERVER
-from ._tiers import BATCH_PROVIDERS, TIER_BATCH, tier_cost
+from .tiers import BATCH_PROVIDERS, TIER_BATCH, tier_cost
+
+__all__ = [
+    "BatchBackend",
+    "BatchCoordinator",
+    "BatchStore",
+    "LiteLLMBackend",
+    "MemoryBatchStore",
+    "batch_problem",
+    "litellm_model_string",
+]
 
 logger = logging.getLogger("tracejudge.metrics.batch")
 
@@ -556,8 +576,6 @@ class BatchBackend(JudgeBackend):
     """A judge call at the batch tier: the standard request body, answered through a `BatchCoordinator`."""
 
     def __init__(self, model: str, coordinator: BatchCoordinator) -> None:
-        from ._llm import litellm_model_string, needs_cache_breakpoint, with_cache_breakpoint
-
         self.model_name = model
         self.litellm_model = litellm_model_string(model)
         self.coordinator = coordinator
