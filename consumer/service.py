@@ -247,6 +247,7 @@ class ConsumerService:
         )
         self.batch_store = store
         for coordinator in coordinators.values():
+            coordinator.on_event = self.prometheus.record_batch_event
             store.follow(coordinator.learn)
             coordinator.attach_store(store)
 

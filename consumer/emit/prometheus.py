@@ -279,6 +279,13 @@ class ConsumerMetrics:
             ["metric", "model"],
             registry=registry,
         )
+        self.judge_batches = Counter(
+            "tracejudge_judge_batches_total",
+            "Batch-tier batches by event: submitted, resumed (polled again after a restart), resubmitted (expired or "
+            "cancelled once), expired (again: its judgements fail), failed_items (a batch with failed lines)",
+            ["event"],
+            registry=registry,
+        )
         self.sessions_open = Gauge("tracejudge_sessions_open", "Conversations being assembled", registry=registry)
         self.in_flight = Gauge("tracejudge_judgements_in_flight", "Judge calls under way", registry=registry)
         self.records = Counter("tracejudge_records_total", "Kafka records by outcome", ["outcome"], registry=registry)
@@ -380,6 +387,9 @@ class ConsumerMetrics:
         for direction, count in counts.items():
             if count:
                 self.judge_tokens.labels(metric=result.name, model=result.model, direction=direction).inc(count)
+
+    def record_batch_event(self, event: str) -> None:
+        self.judge_batches.labels(event=event).inc()
 
     def record_verdict_delay(self, judgement: Judgement, now: float | None = None) -> None:
         """A judged conversation's verdicts are delivered: how long after the conversation completed."""

@@ -71,6 +71,7 @@ def exported_metric_names() -> set[str]:
     metrics.record_judgement(Judgement(job("d"), "failed", [error]))
     flex = MetricResult(name="failure_rate", verdict="stall", score=0.4, threshold=0.7, model="m", tier_fallbacks=1)
     metrics.record_judgement(Judgement(job("e"), "judged", [flex]))
+    metrics.record_batch_event("submitted")
     metrics.record_verdict_delay(Judgement(replace(job("f"), completed_ms=1), "judged", [result]))
     metrics.lag.labels(partition="0").set(1)
     metrics.record_judges([FailureRateMetric("m")])

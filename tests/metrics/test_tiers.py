@@ -165,3 +165,15 @@ async def test_batch_recorded_but_never_created_is_found_or_resubmitted(judge_se
     result = await batch_metric(again).evaluate(conversation(1))
     assert result.verdict == first.verdict and again.submissions == 0
     assert len(judge_server.batch.created) == 1
+
+
+def test_flex_without_a_flex_price_says_so_and_judges_at_standard(caplog: pytest.LogCaptureFixture) -> None:
+    from tracejudge.consumer.app import build_judges
+    from tracejudge.consumer.settings import Settings
+
+    caplog.set_level("WARNING")
+    judges = build_judges(Settings(judge_model="gpt-4o-mini", judge_tier="flex", metrics=["failure_rate"]))
+    assert not isinstance(judges[0].backend, LiteLLMBackend) or judges[0].backend.tier == TIER_STANDARD
+    assert "no flex price" in caplog.text
+    flex = build_judges(Settings(judge_model="gpt-5-mini", judge_tier="flex", metrics=["failure_rate"]))
+    assert flex[0].backend.tier == TIER_FLEX and flex[0].timeout >= 900

@@ -99,11 +99,12 @@ def run_tier(broker: EmbeddedBroker, topic: str, judge_server: JudgeServer, tier
         )
         wait_for(lambda: consumer.app.service.pool.budget.spent() > 0, timeout=10, what="spend recorded")
         spent = consumer.app.service.pool.budget.spent()
+        batches = consumer.value("tracejudge_judge_batches_total", event="submitted")
         cost_metric = sum(
             consumer.value("tracejudge_judge_cost_usd_total", metric=m, model="gpt-5-mini")
             for m in ("failure_rate", "conversational_flow")
         )
-    return collect, delay_sum / max(1, delay_count), delay_count, spent, cost_metric
+    return collect, delay_sum / max(1, delay_count), delay_count, spent, cost_metric, batches
 
 
 def test_batch_tier_matches_standard_at_half_price(
@@ -111,17 +112,20 @@ def test_batch_tier_matches_standard_at_half_price(
 ) -> None:
     judge_server.responder = scripted
     _import_litellm()  # both runs warm: the delay measured is the tier's, not LiteLLM's import
-    standard, standard_delay, _, standard_spent, _ = run_tier(broker, topic, judge_server, TIER_STANDARD, "std")
+    standard, standard_delay, _, standard_spent, _, _ = run_tier(broker, topic, judge_server, TIER_STANDARD, "std")
     assert judge_server.batch.created == []
 
     topic_b = f"{topic}-b"
     broker.create_topic(topic_b, partitions=3)
-    batched, batch_delay, delays, batch_spent, cost_metric = run_tier(broker, topic_b, judge_server, TIER_BATCH, "bat")
+    batched, batch_delay, delays, batch_spent, cost_metric, batches = run_tier(
+        broker, topic_b, judge_server, TIER_BATCH, "bat"
+    )
 
     assert len(verdicts(batched)) == 2 * CONVERSATIONS
     assert verdicts(batched) == verdicts(standard)  # verdict, reason, rubric version, failure reason: identical
     failed = [k for k, v in verdicts(batched).items() if v[3] is not None]
     assert len(failed) == 4 and all(v[3] == "server_error" for k, v in verdicts(batched).items() if k in failed)
+    assert batches == len(judge_server.batch.created)  # counted
     assert 1 <= len(judge_server.batch.created) <= 3  # gathered: 400 requests in a few batches, not 400 calls
     assert delays == 2 * CONVERSATIONS
     # Priced at the batch tier: half the standard price for the same tokens, in the budget and in the metric.
