@@ -58,6 +58,10 @@ ENDPOINT = "/v1/chat/completions"
 METADATA_KEY = "tracejudge_batch"
 # How long a submitted batch is remembered (and polled again after a restart): past the provider's 24 h window.
 RECORD_RETENTION_S = 3 * 86_400.0
+# An answered batch matters after a restart only for judgements delivered but not yet committed (seconds).
+DONE_RETENTION_S = 3_600.0
+# A batch another replica recorded without its provider id yet is looked up by its metadata only after this long.
+LOOKUP_AFTER_S = 120.0
 _TERMINAL_OK = "completed"
 _RESUBMIT = ("expired", "cancelled")
 _MAX_KEPT_RESULTS = 200_000
@@ -115,6 +119,7 @@ class _Batch:
     attempt: int = 1
     created: float = field(default_factory=time.time)
     state: str = "submitting"
+    learnt: bool = False  # written by another replica while this one runs (it may still be creating it)
 
     def record(self, model: str) -> dict[str, Any]:
         return {
@@ -162,6 +167,7 @@ class BatchCoordinator:
         self._waiting: dict[str, list[asyncio.Future[JudgeReply]]] = {}
         self._results: OrderedDict[str, JudgeReply | JudgeCallError] = OrderedDict()
         self._known: dict[str, str] = {}  # custom_id → key of the batch it is in
+        self._answered: dict[str, dict[str, Any]] = {}  # custom_id → record of a recent batch already answered
         self._batches: dict[str, _Batch] = {}
         self._timer: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -178,7 +184,7 @@ class BatchCoordinator:
         """A batch record another replica wrote (any thread): its requests are not submitted again here."""
         loop = self._loop
         if loop is not None and not loop.is_closed():
-            loop.call_soon_threadsafe(self._adopt, record)
+            loop.call_soon_threadsafe(self._adopt, record, True)
 
     # -- the calls --------------------------------------------------------------------------------------------------
 
@@ -188,6 +194,9 @@ class BatchCoordinator:
         done = self._results.pop(cid, None)
         if done is not None:
             return _settled(done)
+        answered = self._answered.pop(cid, None)
+        if answered is not None:  # asked again after its batch was answered (a replay): its output is read again
+            self._adopt(answered, now=True)
         assert self._loop is not None
         future: asyncio.Future[JudgeReply] = self._loop.create_future()
         self._waiting.setdefault(cid, []).append(future)
@@ -226,13 +235,27 @@ class BatchCoordinator:
                 self._adopt(record)
             self._resumed = True
 
-    def _adopt(self, record: dict[str, Any]) -> None:
-        """A recorded batch: poll it (again) unless this process already does, or it is too old to matter."""
+    def _adopt(self, record: dict[str, Any], learnt: bool = False, *, now: bool = False) -> None:
+        """A recorded batch: poll it (again) unless this process already does, or it is too old to matter. A batch
+        already answered is only indexed: its output is read again if one of its requests is asked for (a replay)."""
         key = str(record.get("key"))
-        if key in self._batches or record.get("model") != self.litellm_model or record.get("state") == "abandoned":
+        if record.get("model") != self.litellm_model or record.get("state") == "abandoned":
             return
-        if time.time() - float(record.get("created") or 0) > RECORD_RETENTION_S:
+        known = self._batches.get(key)
+        if known is not None:  # a later record of a batch followed here: the provider's id, once written
+            if known.batch_id is None and record.get("batch_id"):
+                known.batch_id = str(record["batch_id"])
             return
+        age = time.time() - float(record.get("created") or 0)
+        if age > RECORD_RETENTION_S:
+            return
+        if record.get("state") in ("done", "resubmitted") and not now:
+            if age <= DONE_RETENTION_S:
+                for cid in record.get("custom_ids") or []:
+                    self._answered[cid] = record
+            return
+        for cid in record.get("custom_ids") or []:
+            self._answered.pop(cid, None)
         batch = _Batch(
             key=key,
             custom_ids=list(record.get("custom_ids") or []),
@@ -240,6 +263,7 @@ class BatchCoordinator:
             attempt=int(record.get("attempt") or 1),
             created=float(record.get("created") or time.time()),
             state=str(record.get("state")),
+            learnt=learnt,
         )
         self._batches[key] = batch
         for cid in batch.custom_ids:
@@ -368,6 +392,9 @@ class BatchCoordinator:
         litellm = _import_litellm()
         while True:
             try:
+                if batch.batch_id is None and batch.learnt and time.time() - batch.created < LOOKUP_AFTER_S:
+                    await asyncio.sleep(self.poll_s)  # another replica is creating it: its id is on its way
+                    continue
                 if batch.batch_id is None:  # recorded, and the process died before the provider's id was
                     found = await self._find_by_metadata(batch)
                     if found is None:  # never created: its requests are submitted again when asked for

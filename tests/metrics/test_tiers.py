@@ -177,3 +177,20 @@ def test_flex_without_a_flex_price_says_so_and_judges_at_standard(caplog: pytest
     assert "no flex price" in caplog.text
     flex = build_judges(Settings(judge_model="gpt-5-mini", judge_tier="flex", metrics=["failure_rate"]))
     assert flex[0].backend.tier == TIER_FLEX and flex[0].timeout >= 900
+
+
+async def test_a_replay_after_the_batch_was_answered_reads_its_output_again(judge_server: JudgeServer) -> None:
+    """Killed after the answers came and before the verdicts were committed: the replayed judgement is not paid
+    for again, its batch's output is read again."""
+    judge_server.responder = scripted
+    store = MemoryBatchStore()
+    first = await batch_metric(coordinator(store)).evaluate(conversation(4))
+    for _ in range(250):  # recorded done just after the answers were handed out (5 s deadline)
+        if [r["state"] for r in store.load()] == ["done"]:
+            break
+        await asyncio.sleep(0.02)
+    assert [r["state"] for r in store.load()] == ["done"]
+    again = coordinator(store)
+    replayed = await batch_metric(again).evaluate(conversation(4))
+    assert (replayed.verdict, replayed.cost_usd) == (first.verdict, first.cost_usd)
+    assert again.submissions == 0 and len(judge_server.batch.created) == 1
