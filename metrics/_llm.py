@@ -367,6 +367,9 @@ class LiteLLMBackend(JudgeBackend):
                 self.model_name,
                 str(exc.__cause__)[:160],
             )
+            box = TIER_FALLBACKS.get()
+            if box is not None:  # counted whatever the standard call then gives (an error included)
+                box[0] += 1
             reply = await self._call(litellm, kwargs, rejectable=rejectable)
             reply.tier, reply.tier_fallbacks = TIER_STANDARD, 1
             return reply
@@ -485,6 +488,11 @@ class ResponseModes:
 
 
 RESPONSE_MODES = ResponseModes()
+# Flex calls made again at the standard tier during one judgement (a one-item list set by the metric's evaluate;
+# mutable, so the tasks asyncio.wait_for starts, which copy the context, count into the same box).
+TIER_FALLBACKS: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar(
+    "tracejudge_tier_fallbacks", default=None
+)
 # The model whose slot the current attempt is in (set by `LiteLLMBackend.slot`, read by `complete`).
 _IN_SLOT: contextvars.ContextVar[str | None] = contextvars.ContextVar("tracejudge_in_slot", default=None)
 

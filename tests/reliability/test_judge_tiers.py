@@ -200,3 +200,31 @@ def test_batch_tier_without_a_batch_api_exits_2() -> None:
     assert completed.returncode == 2
     lines = completed.stderr.strip().splitlines()
     assert len(lines) == 1 and "has no Batch API" in lines[0], completed.stderr
+
+
+def test_flex_tier_falls_back_to_standard_counted(
+    broker: EmbeddedBroker, topic: str, judge_server: JudgeServer
+) -> None:
+    judge_server.responder = scripted
+    refused = iter([True, False, False] * 20)
+    judge_server.flex_refuse = lambda _body: next(refused, False)
+    collect = Collect()
+    settings = consumer_settings(
+        broker.bootstrap_servers,
+        topic,
+        judge_model="gpt-5-mini",
+        judge_tier="flex",
+        metrics=["failure_rate"],
+        session_idle_timeout=1.0,
+    )
+    with RunningConsumer(settings, extra_sinks=[collect]) as consumer:
+        assert consumer.app.service.assigned.wait(60), "partitions not assigned"
+        play(traced_app(broker.bootstrap_servers, topic), conversations("flex", 30))
+        wait_for(lambda: len(collect.ids()) >= 30, timeout=60, what="every conversation judged")
+        fallbacks = consumer.value("tracejudge_judge_tier_fallbacks_total", metric="failure_rate", model="gpt-5-mini")
+    assert judge_server.flex_refused >= 10 and fallbacks == judge_server.flex_refused
+    with collect.lock:
+        results = [r for j in collect.judgements for r in j.results]
+    assert sum(r.tier_fallbacks for r in results) == judge_server.flex_refused
+    assert {r.tier for r in results if r.tier_fallbacks == 0 and r.error is None} == {"flex"}
+    assert [r.verdict for r in sorted(results, key=lambda r: r.reason) if r.error is None]  # judged either way
