@@ -296,7 +296,7 @@ class BatchCoordinator:
             self._timer.cancel()
             self._timer = None
         while self._pending:
-            items = []
+            items: list[tuple[str, dict[str, Any]]] = []
             while self._pending and len(items) < self.batch_size:
                 items.append(self._pending.popitem(last=False))
             batch = _Batch(key=uuid.uuid4().hex, custom_ids=[cid for cid, _ in items], bodies=dict(items))
