@@ -27,6 +27,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from prometheus_client import CollectorRegistry
 
 from bench._stats import alternate
+from tracejudge.consumer.conversation.reading import read_events
 from tracejudge.consumer.embedded_broker import EmbeddedBroker
 from tracejudge.consumer.emit.prometheus import ConsumerMetrics
 from tracejudge.consumer.service import ConsumerService
@@ -35,8 +36,10 @@ from tracejudge.consumer.settings import Settings
 TURNS_PER_CONVERSATION = 3
 PARTITIONS = 3
 END_GRACE_S = 0.5
+MAX_RECORD_BYTES = Settings.model_fields["max_record_bytes"].default
 KEYINGS = ("conversation", "trace")
 BARE = "bare kafka-python loop"
+DECODE = "bare loop + OTLP decode (read_events)"
 ASSEMBLE = "tracejudge consume --role assemble"
 ALL = "tracejudge consume --role all (sample rate 0)"
 
@@ -81,7 +84,9 @@ def produce(bootstrap: str, topic: str, conversations: int, keyed_by: str) -> in
     return records
 
 
-def bare_loop(bootstrap: str, topic: str, records: int) -> float:
+def bare_loop(bootstrap: str, topic: str, records: int, *, decode: bool = False) -> float:
+    """The bare consumer loop; with `decode`, it also turns every record into conversation events as the consumer
+    does (OTLP protobuf decode and turn extraction), the floor of any consumer that reads the spans."""
     consumer = KafkaConsumer(
         topic,
         bootstrap_servers=bootstrap,
@@ -98,6 +103,9 @@ def bare_loop(bootstrap: str, topic: str, records: int) -> float:
             if first is None:
                 first = time.perf_counter()
             seen += len(batch)
+            if decode:
+                for record in batch:
+                    read_events(record.value, max_bytes=MAX_RECORD_BYTES)
     elapsed = time.perf_counter() - (first or time.perf_counter())
     consumer.close()
     return elapsed
@@ -166,6 +174,7 @@ def run(conversations: int = 20_000, rounds: int = 5, with_all: bool = True) -> 
             records = produce(bootstrap, topic, conversations, keyed_by)
             variants: dict[str, Callable[[], float]] = {
                 BARE: lambda t=topic, n=records: bare_loop(bootstrap, t, n),  # type: ignore[misc]
+                DECODE: lambda t=topic, n=records: bare_loop(bootstrap, t, n, decode=True),  # type: ignore[misc]
                 ASSEMBLE: lambda t=topic: tracejudge_consumer(bootstrap, t, conversations, "assemble"),  # type: ignore[misc]
             }
             if with_all:
@@ -180,6 +189,7 @@ def run(conversations: int = 20_000, rounds: int = 5, with_all: bool = True) -> 
                 "records_per_s": {name: records / f.median for name, f in figures.items()},
                 "spans_per_s": {name: spans / f.median for name, f in figures.items()},
                 "vs_bare": {name: bare / f.median for name, f in figures.items()},
+                "vs_decode": {name: figures[DECODE].median / f.median for name, f in figures.items()},
             }
     ratio = out["inputs"]["conversation"]["vs_bare"][ASSEMBLE]
     out["goal"] = "conversation-keyed input: role assemble at least 0.9x the bare loop"

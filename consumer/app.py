@@ -149,14 +149,18 @@ def build_otlp_providers(
     resource = Resource.create({SERVICE_NAME: service_name})
     tracer_provider = TracerProvider(resource=resource)
     tracer_provider.add_span_processor(
-        SimpleSpanProcessor(
-            AcknowledgingExporter(span_exporter.export, shutdown_exporter=span_exporter.shutdown, name="otlp-spans")
+        SimpleSpanProcessor(  # one duck-typed exporter class serves the span and the log processor
+            AcknowledgingExporter(  # type: ignore[arg-type]
+                span_exporter.export, shutdown_exporter=span_exporter.shutdown, name="otlp-spans"
+            )
         )
     )
     logger_provider = LoggerProvider(resource=resource)
     logger_provider.add_log_record_processor(
         SimpleLogRecordProcessor(
-            AcknowledgingExporter(log_exporter.export, shutdown_exporter=log_exporter.shutdown, name="otlp-logs")
+            AcknowledgingExporter(  # type: ignore[arg-type]
+                log_exporter.export, shutdown_exporter=log_exporter.shutdown, name="otlp-logs"
+            )
         )
     )
     return tracer_provider, logger_provider

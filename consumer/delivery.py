@@ -1,8 +1,10 @@
 """The output fan-out: every finished judgement to Prometheus and each result sink, then tracked until durable.
 
-A sink that raises is logged and counted, never fatal. A sink may return events set once its output is durable (the
-results topic: acknowledged by the broker); a judgement is handed to `drain()`'s `finish` only when all are set, so
-its conversation's offset hold stays until then (a failed output keeps its hold, across a restart too).
+A sink that raises is counted (`tracejudge_output_errors_total{output="sink"}`) and said in a rate-limited line, never
+fatal: an exception is the sink's own bug, not an outage, and holding its offset would stop the group forever. A
+sink may return events set once its output is durable (the results topic: acknowledged by the broker); a judgement
+is handed to `drain()`'s `finish` only when all are set, so its conversation's offset hold stays until then (a failed
+output keeps its hold, across a restart too).
 `judged`/`not_judged` run on the pool's or the poll thread; `drain` on the poll thread (or the rebalance listener
 while the poll thread waits in `poll()`).
 """
@@ -15,6 +17,8 @@ import threading
 from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
+
+from tracejudge.tracer.rate_limited_log import RateLimitedLog
 
 from .emit.prometheus import ConsumerMetrics
 from .feedback import FeedbackJoiner
@@ -42,6 +46,7 @@ class Delivery:
         self._errors_lock = threading.Lock()  # sinks run on the pool thread and (sampled out) the poll thread
         self._done: queue.SimpleQueue[tuple[Judgement, list[threading.Event]]] = queue.SimpleQueue()
         self._awaiting: list[tuple[Judgement, list[threading.Event]]] = []
+        self._sink_log = RateLimitedLog(logger, interval_s=10.0)
 
     @property
     def awaiting(self) -> int:
@@ -73,10 +78,16 @@ class Delivery:
         for sink in self.sinks:
             try:
                 acknowledged = sink.emit(judgement)
-            except Exception:
+            except Exception as exc:
                 with self._errors_lock:
                     self.sink_errors += 1
-                logger.exception("a result sink failed for conversation %s", judgement.job.conversation_id)
+                self.prometheus.record_output_error("sink")
+                self._sink_log.warning(
+                    "result sink %s raised for conversation %s: %r (its result is lost to that sink; fix the sink)",
+                    type(sink).__name__,
+                    judgement.job.conversation_id,
+                    exc,
+                )
                 continue
             if isinstance(acknowledged, list):
                 deliveries.extend(acknowledged)

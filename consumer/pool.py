@@ -244,7 +244,8 @@ class JudgePool:
 
         async def drain() -> bool:
             await asyncio.sleep(0)  # jobs submitted just before the stop get their task first
-            tasks, left = set(self._tasks), set()
+            tasks: set[asyncio.Task[None]] = set(self._tasks)
+            left: set[asyncio.Task[None]] = set()
             if tasks:
                 _done, left = await asyncio.wait(tasks, timeout=grace_s)
                 for task in left:

@@ -63,7 +63,9 @@ def setup_tracing(
     if endpoint or os.environ.get(OTEL_EXPORTER_OTLP_TRACES_ENDPOINT):
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-        otlp = OTLPSpanExporter(endpoint=f"{endpoint.rstrip('/')}/v1/traces") if otlp_endpoint else OTLPSpanExporter()
+        otlp = (
+            OTLPSpanExporter(endpoint=f"{otlp_endpoint.rstrip('/')}/v1/traces") if otlp_endpoint else OTLPSpanExporter()
+        )
         provider.add_span_processor(BoundedBatchSpanProcessor(otlp, **processor_options))
     if set_global:
         trace.set_tracer_provider(provider)

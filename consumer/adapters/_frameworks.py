@@ -105,8 +105,9 @@ def user_text(value: Any, depth: int = 0) -> str | None:
         role, text = message_role_text(message)
         return _plain(text) if text and role in USER_ROLES else None
     if data and set(data) <= {"args", "kwargs"}:  # a wrapped call (OpenLLMetry @workflow/@agent)
-        args = data.get("args") if isinstance(data.get("args"), list) else []
-        kwargs = data.get("kwargs") if isinstance(data.get("kwargs"), dict) else {}
+        given_args, given_kwargs = data.get("args"), data.get("kwargs")
+        args = given_args if isinstance(given_args, list) else []
+        kwargs = given_kwargs if isinstance(given_kwargs, dict) else {}
         candidates = [*args, *(v for k, v in kwargs.items() if not any(m in k.lower() for m in _ID_ARGUMENTS))]
         return next((t for t in (user_text(c, depth + 1) for c in candidates) if t), None)
     for key in _USER_KEYS:
@@ -148,7 +149,7 @@ def answer_text(value: Any, depth: int = 0) -> str | None:
         role, text = message_role_text(message)
         return _plain(text) if text and (role is None or role in ASSISTANT_ROLES) else None
     crewai = _crewai_output(data)
-    if crewai is not None:
+    if crewai is not None and crewai[1] is not None:
         return _plain(crewai[1])
     for key in _ANSWER_KEYS:
         if key in data:

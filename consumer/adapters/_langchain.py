@@ -39,7 +39,8 @@ def langchain_message(message: Any) -> dict[str, Any] | None:
     kind = message.get("type")
     if message.get("lc") == 1 and kind == "constructor" and isinstance(message.get("id"), list) and message["id"]:
         name = message["id"][-1]
-        kwargs = message.get("kwargs") if isinstance(message.get("kwargs"), dict) else {}
+        given = message.get("kwargs")
+        kwargs = given if isinstance(given, dict) else {}
         if name not in _CLASSES:
             return None
         role = _CLASSES[name] or kwargs.get("role")

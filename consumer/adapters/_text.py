@@ -250,7 +250,8 @@ def _input_of(data: Any, depth: int) -> Any:
     if not isinstance(data, dict):
         return _scalar(data)
     if data and set(data) <= {"args", "kwargs"}:  # a wrapped function call (OpenLLMetry @workflow, @task)
-        kwargs = data.get("kwargs") if isinstance(data.get("kwargs"), dict) else {}
+        given = data.get("kwargs")
+        kwargs = given if isinstance(given, dict) else {}
         candidates = list(data.get("args") or []) if isinstance(data.get("args"), list) else []
         candidates += [v for k, v in kwargs.items() if not any(marker in k.lower() for marker in _ID_ARGUMENTS)]
         first = candidates[0] if candidates else None

@@ -67,7 +67,8 @@ def _event_message(name: str, attributes: dict[str, Any]) -> dict[str, Any] | No
         if value is NOT_JSON:
             value = attributes[key]
         if isinstance(value, dict):
-            inner = value.get("message") if isinstance(value.get("message"), dict) else value
+            message = value.get("message")
+            inner = message if isinstance(message, dict) else value
             return {"role": inner.get("role") or role, **{k: v for k, v in inner.items() if k != "role"}}
         return {"role": role, "content": value}
     return None

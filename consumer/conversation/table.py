@@ -282,10 +282,10 @@ class ConversationTable:
             state = self.states[cid]
             if state.completed_ms is None or now_ms - state.completed_ms < self.retention_ms:
                 break
-            waiting = any(outcome is None for outcome in state.dispatched.values())
-            if waiting and now_ms - state.completed_ms < 2 * self.retention_ms:
+            unanswered = any(outcome is None for outcome in state.dispatched.values())
+            if unanswered and now_ms - state.completed_ms < 2 * self.retention_ms:
                 continue  # its outcome is not back yet: kept a while longer, without holding up the others
-            if waiting:
+            if unanswered:
                 self.counts["outcomes_never_returned"] += 1
             expired.append(state)
         for state in expired:

@@ -158,12 +158,11 @@ class AcknowledgingExporter:
                 self._cond.notify_all()
 
     def _try_export(self, items: list[Any]) -> bool:
+        error: Exception | None = None
         try:
             result = self._export(items)
         except Exception as exc:  # an exporter should return FAILURE; one that raises is treated the same
             result, error = None, exc
-        else:
-            error = None
         if result is not None and getattr(result, "name", str(result)) == "SUCCESS":
             return True
         self.failures += 1

@@ -6,7 +6,7 @@ import re
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -86,10 +86,10 @@ class _Windows(Collector):
                 window = self._agreement[(agent, metric)] = deque(maxlen=self.window_sessions)
             window.append((now, 1.0 if agrees else 0.0))
 
-    def agreement(self, now: float | None = None) -> dict[tuple[str, str], float]:
+    def agreement(self, now: float | None = None) -> dict[tuple[str, ...], float]:
         now = time.monotonic() if now is None else now
         cutoff = now - self.window_seconds
-        out: dict[tuple[str, str], float] = {}
+        out: dict[tuple[str, ...], float] = {}
         with self._lock:
             for key, window in self._agreement.items():
                 while window and window[0][0] < cutoff:
@@ -185,7 +185,7 @@ class _CorrectedHallucinationRates(Collector):
             yield _gauge(name, documentation, ["agent"], {(agent,): getattr(r, field) for agent, r in rates.items()})
 
 
-def _gauge(name: str, documentation: str, labels: list[str], values: dict[tuple[str, ...], float]) -> Metric:
+def _gauge(name: str, documentation: str, labels: list[str], values: Mapping[tuple[str, ...], float]) -> Metric:
     family = GaugeMetricFamily(name, documentation, labels=labels)
     for label_values, value in values.items():
         family.add_metric(list(label_values), value)
@@ -332,7 +332,7 @@ class ConsumerMetrics:
         )
         for outcome in ("ok", "malformed"):
             self.records.labels(outcome=outcome)
-        for output in ("results_topic", "dead_letter", "otlp"):
+        for output in ("results_topic", "dead_letter", "otlp", "sink"):
             self.output_errors.labels(output=output)
         self._seen_agents: set[str] = set()
 

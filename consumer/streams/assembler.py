@@ -621,8 +621,8 @@ class Assembler(AsyncConsumerRebalanceListener):
                 task.unflushed[state.id] = state
             for cid in removed:
                 task.unflushed[cid] = None
-            for cid, state in task.unflushed.items():
-                value = None if state is None else R.dumps(state.to_json())
+            for cid, unflushed in task.unflushed.items():
+                value = None if unflushed is None else R.dumps(unflushed.to_json())
                 self._send(self.topics.changelog, cid, value, R.STATE, partition=task.partition)
         if not self._flushed(timeout_s) or self._failed_again(revoking):
             return {}  # the changes stay unflushed and go out again at the next commit

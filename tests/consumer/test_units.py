@@ -205,3 +205,38 @@ def test_delivery_queues_every_judgement_even_when_recording_it_raises() -> None
     acknowledged.set()
     delivery.drain(lambda j: finished.append(j.job.conversation_id))
     assert finished == ["a", "b"] and delivery.awaiting == 0 and delivery.judgements == 1
+
+
+def test_a_raising_sink_is_counted_and_heard_and_the_others_still_deliver(caplog: pytest.LogCaptureFixture) -> None:
+    """A sink's own exception costs that sink's output only: counted under output="sink", one rate-limited line
+    naming the sink, and the judgement still goes to the other sinks and on to `drain()`."""
+    from prometheus_client import CollectorRegistry
+
+    from tracejudge.consumer.delivery import Delivery
+    from tracejudge.consumer.emit.prometheus import ConsumerMetrics
+    from tracejudge.consumer.pool import OUTCOME_JUDGED, Judgement
+
+    class BrokenSink:
+        def emit(self, judgement: object) -> None:
+            raise RuntimeError("sink bug")
+
+    received: list[str] = []
+
+    class Sink:
+        def emit(self, judgement: Judgement) -> None:
+            received.append(judgement.job.conversation_id)
+
+    registry = CollectorRegistry()
+    store = ConversationStore(idle_timeout_s=10)
+    for cid in ("a", "b", "c"):
+        store.apply(ConversationEvent(cid, "bot", turn(f"{cid}-0", 0), ended=True), 0, 1, 0.0)
+    delivery = Delivery(ConsumerMetrics(registry), [BrokenSink(), Sink()])
+    with caplog.at_level("WARNING", logger="tracejudge.consumer"):
+        for job in store.take_ready():
+            delivery.judged(Judgement(job, OUTCOME_JUDGED))
+    finished: list[str] = []
+    delivery.drain(lambda j: finished.append(j.job.conversation_id))
+    assert received == finished == ["a", "b", "c"]
+    assert registry.get_sample_value("tracejudge_output_errors_total", {"output": "sink"}) == 3
+    lines = [r.getMessage() for r in caplog.records if "BrokenSink" in r.getMessage()]
+    assert len(lines) == 1 and "fix the sink" in lines[0]  # rate-limited: three failures, one line
