@@ -14,7 +14,14 @@ from typing import Any
 from prometheus_client import CollectorRegistry, start_http_server
 
 from tracejudge.metrics import ConversationalFlowRateMetric, CustomLLMClient, FailureRateMetric, HolisticJudgeMetric
-from tracejudge.metrics.batch import BatchBackend, BatchCoordinator, LiteLLMBackend, batch_problem, litellm_model_string
+from tracejudge.metrics.batch import (
+    BatchBackend,
+    BatchCoordinator,
+    LiteLLMBackend,
+    MemoryBatchStore,
+    batch_problem,
+    litellm_model_string,
+)
 from tracejudge.metrics.calibration import load_hallucination_calibration
 from tracejudge.metrics.tiers import FLEX_MIN_TIMEOUT_S, TIER_BATCH, TIER_FLEX, TIER_STANDARD, has_tier_price
 from tracejudge.metrics.transcript import Redactor
@@ -56,7 +63,9 @@ def tier_problem(settings: Settings) -> str | None:
         return str(exc)
 
 
-def judge_tier_backend(settings: Settings, model: str) -> tuple[str | BatchBackend | LiteLLMBackend, float]:
+def judge_tier_backend(
+    settings: Settings, model: str, *, durable_batches: bool = False
+) -> tuple[str | BatchBackend | LiteLLMBackend, float]:
     """The judge backend for --judge-tier and its per-attempt timeout. Flex where the price map lists a flex price
     for the model (else said once, and standard); batch through one coordinator per model."""
     tier = settings.judge_tier
@@ -83,6 +92,9 @@ def judge_tier_backend(settings: Settings, model: str) -> tuple[str | BatchBacke
                 batch_size=settings.judge_batch_size,
                 batch_wait_s=settings.judge_batch_wait,
                 poll_s=settings.judge_batch_poll,
+                # The consumer attaches its Kafka store (<group>-judge-batches); backfill and calibrate keep batches
+                # in memory: a rerun submits them again.
+                store=None if durable_batches else MemoryBatchStore(),
             )
         return BatchBackend(model, coordinator), BATCH_CALL_TIMEOUT_S
     return model, settings.judge_timeout
@@ -92,14 +104,19 @@ _BATCH_COORDINATORS: dict[str, BatchCoordinator] = {}
 
 
 def build_judges(
-    settings: Settings, judge: str | CustomLLMClient | None = None, redactor: Redactor | None = None
+    settings: Settings,
+    judge: str | CustomLLMClient | None = None,
+    redactor: Redactor | None = None,
+    *,
+    durable_batches: bool = False,
 ) -> list[HolisticJudgeMetric]:
-    """One judge per configured metric; `redactor` replaces the default PII redactor (applied when --redact)."""
+    """One judge per configured metric; `redactor` replaces the default PII redactor (applied when --redact);
+    `durable_batches`: at the batch tier the caller attaches a durable store (the consumer does)."""
     model: str | CustomLLMClient | BatchBackend | LiteLLMBackend = judge if judge is not None else settings.judge_model
     timeout = settings.judge_timeout
     if isinstance(model, str) and settings.judge_tier != TIER_STANDARD:
         _BATCH_COORDINATORS.clear()  # one coordinator per model and build (each consumer its own store)
-        model, timeout = judge_tier_backend(settings, model)
+        model, timeout = judge_tier_backend(settings, model, durable_batches=durable_batches)
     return [
         METRIC_CLASSES[name](
             model,
@@ -297,7 +314,9 @@ def build_app(
             on_output_error=prometheus.record_output_error,
         )
         sinks = [*(extra_sinks or []), *outputs.sinks]
-        service = ConsumerService(settings, build_judges(settings, judge, redactor), prometheus, sinks=sinks)
+        service = ConsumerService(
+            settings, build_judges(settings, judge, redactor, durable_batches=True), prometheus, sinks=sinks
+        )
     except BaseException:
         if http_server is not None:
             http_server.shutdown()
