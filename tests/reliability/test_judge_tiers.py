@@ -34,10 +34,13 @@ FLOW = ["fully", "mostly", "partial", "minor", "none"]
 CONVERSATIONS = 200
 
 
+def number_of(request: dict) -> int:
+    return int(conversation_text(request).split("tier question ", 1)[1].split(" ", 1)[0])
+
+
 def scripted(request: dict) -> Reply:
-    """The verdict follows from the conversation's number, whichever tier asks; `fails` numbers fail."""
-    text = conversation_text(request)
-    number = int(text.split("tier question ", 1)[1].split(" ", 1)[0])
+    """The verdict follows from the conversation's number, whichever tier asks; numbers 7, 57, ... fail (500)."""
+    number = number_of(request)
     if metric_of(request) == "conversational_flow":
         return Reply(content=json.dumps({"verdict": FLOW[number % 5], "key_issues": [], "reason": f"f{number}"}))
     if number % 50 == 7:
@@ -228,3 +231,37 @@ def test_flex_tier_falls_back_to_standard_counted(
     assert sum(r.tier_fallbacks for r in results) == judge_server.flex_refused
     assert {r.tier for r in results if r.tier_fallbacks == 0 and r.error is None} == {"flex"}
     assert [r.verdict for r in sorted(results, key=lambda r: r.reason) if r.error is None]  # judged either way
+
+
+def test_an_expired_batch_is_resubmitted_once_through_the_consumer(
+    broker: EmbeddedBroker, topic: str, judge_server: JudgeServer
+) -> None:
+    judge_server.responder = lambda request: Reply(
+        content=json.dumps({"verdict": LABELS[number_of(request) % 6], "evidence": [], "reason": "r"})
+    )
+    judge_server.batch.script.outcomes = ["expired", "expired"]  # the first batch, then its resubmission
+    judge_server.batch.script.expire_after_items = 10
+    collect = Collect()
+    settings = consumer_settings(
+        broker.bootstrap_servers,
+        topic,
+        judge_model="gpt-5-mini",
+        judge_tier="batch",
+        metrics=["failure_rate"],
+        judge_batch_wait=1.0,
+        judge_batch_poll=0.2,
+        session_idle_timeout=1.0,
+    )
+    with RunningConsumer(settings, extra_sinks=[collect]) as consumer:
+        assert consumer.app.service.assigned.wait(60), "partitions not assigned"
+        play(traced_app(broker.bootstrap_servers, topic), conversations("exp", 30))
+        wait_for(lambda: len(collect.ids()) >= 30, timeout=60, what="every conversation has its outcome")
+        events = {e: consumer.value("tracejudge_judge_batches_total", event=e) for e in ("resubmitted", "expired")}
+        errors = consumer.value("tracejudge_judge_errors_total", metric="failure_rate", reason="batch_expired")
+    with collect.lock:
+        results = [r for j in collect.judgements for r in j.results]
+    judged = [r for r in results if r.error is None]
+    expired = [r for r in results if r.error_kind == "batch_expired"]
+    # 10 answered before the first expiry, 10 of the 20 resubmitted before the second; the last 10 fail, counted.
+    assert (len(judged), len(expired), errors) == (20, 10, 10.0)
+    assert len(judge_server.batch.created) == 2 and events == {"resubmitted": 1.0, "expired": 1.0}
