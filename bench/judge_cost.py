@@ -35,6 +35,7 @@ from bench.judge_tokens import _kind, capture, static_prefixes
 from tracejudge.metrics import ConversationalFlowRateMetric, FailureRateMetric
 from tracejudge.metrics._caching import caching_minimum, prompt_for_minimum
 from tracejudge.metrics._llm import needs_cache_breakpoint
+from tracejudge.metrics.tiers import TIER_BATCH, TIER_FLEX, TIER_STANDARD, has_tier_price, tier_cost
 
 THEIRS = "eval-ai-library 0.8.2"
 ANSWER = json.dumps(
@@ -177,6 +178,23 @@ def _cost(model: str, prompt: int, read: int, written: int, output: int) -> floa
     return prompt_cost + output_cost
 
 
+TIERS = (TIER_FLEX, TIER_BATCH)  # standard is LiteLLM's own `cost_per_token`, as before
+
+
+def _tier_cost(model: str, tier: str, prompt: int, read: int, written: int, output: int) -> float:
+    """At the flex or batch tier: the price list's `*_flex` / `*_batches` prices (metrics/tiers.py)."""
+    cost = tier_cost(
+        model,
+        tier,
+        input_tokens=prompt,
+        output_tokens=output,
+        cached_input_tokens=read,
+        cache_write_input_tokens=written,
+    )
+    assert cost is not None, (model, tier)
+    return cost
+
+
 def price(
     requests: list[dict[str, Any]],
     static: dict[str, str],
@@ -192,6 +210,8 @@ def price(
     output = litellm.token_counter(model=model, text=ANSWER)
     prefix = {kind: litellm.token_counter(model=model, text=text) for kind, text in static.items()}
     steady = cold = 0.0
+    tiers = [t for t in TIERS if has_tier_price(model, t)]
+    tiered = {t: {"steady_usd": 0.0, "cold_usd": 0.0} for t in tiers}
     prompt_total = cached_total = 0
     for request in requests:
         prompt = litellm.token_counter(model=model, messages=request["messages"])
@@ -201,6 +221,9 @@ def price(
         cached = caching.cached(static_tokens, marked=marked)
         steady += _cost(model, prompt, cached, 0, output)
         cold += _cost(model, prompt, 0, cached if caching.breakpoint else 0, output)
+        for tier in tiers:  # the same cache behaviour at the tier's prices
+            tiered[tier]["steady_usd"] += _tier_cost(model, tier, prompt, cached, 0, output)
+            tiered[tier]["cold_usd"] += _tier_cost(model, tier, prompt, 0, cached if caching.breakpoint else 0, output)
         prompt_total += prompt
         cached_total += cached
     return {
@@ -210,6 +233,7 @@ def price(
         "cached_tokens": cached_total,
         "static_prefix_tokens": prefix,
         "output_tokens_per_call": output,
+        "tiers": tiered,
     }
 
 
@@ -251,6 +275,7 @@ def run() -> dict[str, Any]:
         row: dict[str, Any] = {"system_prompt": "extended" if extended else "base", "segments": {}}
         sums = dict.fromkeys(("ours_steady", "ours_cold", "base_steady", "base_cold", "padded", "padded_cold"), 0.0)
         sums["theirs"] = 0.0
+        tier_sums: dict[str, dict[str, float]] = {}
         for name, (ours, theirs) in captured.items():
             count = conversations[name]
             base = price(ours, our_static, caching, marked=True)
@@ -266,6 +291,10 @@ def run() -> dict[str, Any]:
             for key, figures in (("ours", mine), ("base", base)):
                 sums[f"{key}_steady"] += figures["steady_usd"]
                 sums[f"{key}_cold"] += figures["cold_usd"]
+            for tier, figures in mine["tiers"].items():
+                into = tier_sums.setdefault(tier, {"steady_usd": 0.0, "cold_usd": 0.0})
+                into["steady_usd"] += figures["steady_usd"]
+                into["cold_usd"] += figures["cold_usd"]
             sums["padded"] += padded["steady_usd"]
             sums["padded_cold"] += padded["cold_usd"]
             if theirs:
@@ -295,6 +324,18 @@ def run() -> dict[str, Any]:
             row["ratio_cold_if_base_prefix_at_minimum"] = sums["padded_cold"] / theirs_total
             # Share w of calls finding the cache warm at which w * steady + (1 - w) * cold equals the seeds' cost.
             row["break_even_warm_share"] = _break_even(sums["ours_steady"], sums["ours_cold"], theirs_total)
+        # A column per tier: USD per judged conversation and the ratio to the seeds' library (steady, cold).
+        tiers_row: dict[str, dict[str, float]] = {
+            TIER_STANDARD: {"steady_usd": sums["ours_steady"] / total, "cold_usd": sums["ours_cold"] / total}
+        }
+        for tier, figures in tier_sums.items():
+            tiers_row[tier] = {"steady_usd": figures["steady_usd"] / total, "cold_usd": figures["cold_usd"] / total}
+        if sums["theirs"]:
+            for figures in tiers_row.values():
+                figures["ratio_steady"] = figures["steady_usd"] * total / sums["theirs"]
+                figures["ratio_cold"] = figures["cold_usd"] * total / sums["theirs"]
+        row["tiers"] = tiers_row
+        row["cheapest_tier"] = min(tiers_row, key=lambda t: (tiers_row[t]["steady_usd"], t != TIER_FLEX))
         if extended:  # against our own base rubric, which is never cached on this model
             row["break_even_warm_share_vs_base_prompt"] = _break_even(
                 sums["ours_steady"], sums["ours_cold"], sums["base_steady"]
@@ -317,6 +358,16 @@ def table_rows(result: dict[str, Any]) -> list[tuple[str, str, str, str]]:
             ", extended rubric" if row.get("system_prompt") == "extended" else ""
         )
         rows.append((f"judge cost, {model}", f"{ours}; {theirs}", ratio, note))
+        for tier, figures in row.get("tiers", {}).items():
+            if tier == TIER_STANDARD:
+                continue
+            cost = f"${figures['steady_usd'] * 1e3:.2f} steady, ${figures['cold_usd'] * 1e3:.2f} cold"
+            ratio = (
+                f"{figures['ratio_steady']:.2f}x steady, {figures['ratio_cold']:.2f}x cold"
+                if "ratio_steady" in figures
+                else ""
+            )
+            rows.append((f"judge cost, {model}, {tier} tier", cost, ratio, "per 1,000 judged conversations"))
     return rows
 
 

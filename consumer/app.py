@@ -14,7 +14,16 @@ from typing import Any
 from prometheus_client import CollectorRegistry, start_http_server
 
 from tracejudge.metrics import ConversationalFlowRateMetric, CustomLLMClient, FailureRateMetric, HolisticJudgeMetric
+from tracejudge.metrics.batch import (
+    BatchBackend,
+    BatchCoordinator,
+    LiteLLMBackend,
+    MemoryBatchStore,
+    batch_problem,
+    litellm_model_string,
+)
 from tracejudge.metrics.calibration import load_hallucination_calibration
+from tracejudge.metrics.tiers import FLEX_MIN_TIMEOUT_S, TIER_BATCH, TIER_FLEX, TIER_STANDARD, has_tier_price
 from tracejudge.metrics.transcript import Redactor
 from tracejudge.tracer.redact import redact_pii
 
@@ -36,16 +45,83 @@ METRIC_CLASSES: dict[str, type[HolisticJudgeMetric]] = {
 }
 
 
+class JudgeTierUnavailable(StartupError):
+    exit_code = EXIT_USAGE  # --judge-tier batch for a provider without a Batch API: never silently full price
+
+
+# A batch call waits for its batch: the provider's 24 h window, polls and one resubmission.
+BATCH_CALL_TIMEOUT_S = 2 * 86_400.0 + 3_600.0
+
+
+def tier_problem(settings: Settings) -> str | None:
+    """Why the judge model cannot be judged at --judge-tier (None: it can); imports nothing heavy."""
+    if settings.judge_tier != TIER_BATCH:
+        return None
+    try:
+        return batch_problem(litellm_model_string(settings.judge_model))
+    except ValueError as exc:
+        return str(exc)
+
+
+def judge_tier_backend(
+    settings: Settings, model: str, *, durable_batches: bool = False
+) -> tuple[str | BatchBackend | LiteLLMBackend, float]:
+    """The judge backend for --judge-tier and its per-attempt timeout. Flex where the price map lists a flex price
+    for the model (else said once, and standard); batch through one coordinator per model."""
+    tier = settings.judge_tier
+    if tier == TIER_FLEX:
+        litellm_model = litellm_model_string(model)
+        if not has_tier_price(litellm_model, TIER_FLEX):
+            logger.warning(
+                "--judge-tier flex: %s has no flex price in LiteLLM's price map (no flex tier known for it): judged "
+                "at the standard tier; --judge-tier batch halves the price where the provider has a Batch API",
+                model,
+            )
+            return model, settings.judge_timeout
+        logger.info("judge tier flex: %s with service_tier=flex (half price, slower answers)", model)
+        return LiteLLMBackend(model, tier=TIER_FLEX), max(settings.judge_timeout, FLEX_MIN_TIMEOUT_S)
+    if tier == TIER_BATCH:
+        problem = tier_problem(settings.model_copy(update={"judge_model": model}))
+        if problem is not None:
+            raise JudgeTierUnavailable(problem)
+        litellm_model = litellm_model_string(model)
+        coordinator = _BATCH_COORDINATORS.get(litellm_model)
+        if coordinator is None:
+            coordinator = _BATCH_COORDINATORS[litellm_model] = BatchCoordinator(
+                litellm_model,
+                batch_size=settings.judge_batch_size,
+                batch_wait_s=settings.judge_batch_wait,
+                poll_s=settings.judge_batch_poll,
+                # The consumer attaches its Kafka store (<group>-judge-batches); backfill and calibrate keep batches
+                # in memory: a rerun submits them again.
+                store=None if durable_batches else MemoryBatchStore(),
+            )
+        return BatchBackend(model, coordinator), BATCH_CALL_TIMEOUT_S
+    return model, settings.judge_timeout
+
+
+_BATCH_COORDINATORS: dict[str, BatchCoordinator] = {}
+
+
 def build_judges(
-    settings: Settings, judge: str | CustomLLMClient | None = None, redactor: Redactor | None = None
+    settings: Settings,
+    judge: str | CustomLLMClient | None = None,
+    redactor: Redactor | None = None,
+    *,
+    durable_batches: bool = False,
 ) -> list[HolisticJudgeMetric]:
-    """One judge per configured metric; `redactor` replaces the default PII redactor (applied when --redact)."""
-    model = judge if judge is not None else settings.judge_model
+    """One judge per configured metric; `redactor` replaces the default PII redactor (applied when --redact);
+    `durable_batches`: at the batch tier the caller attaches a durable store (the consumer does)."""
+    model: str | CustomLLMClient | BatchBackend | LiteLLMBackend = judge if judge is not None else settings.judge_model
+    timeout = settings.judge_timeout
+    if isinstance(model, str) and settings.judge_tier != TIER_STANDARD:
+        _BATCH_COORDINATORS.clear()  # one coordinator per model and build (each consumer its own store)
+        model, timeout = judge_tier_backend(settings, model, durable_batches=durable_batches)
     return [
         METRIC_CLASSES[name](
             model,
             threshold=settings.threshold,
-            timeout=settings.judge_timeout,
+            timeout=timeout,
             max_retries=settings.judge_retries,
             redactor=(redactor or redact_pii) if settings.redact else None,
         )
@@ -256,7 +332,7 @@ def build_app(
         sinks = [*(extra_sinks or []), *outputs.sinks]
         service = ConsumerService(
             settings,
-            build_judges(settings, judge, redactor),
+            build_judges(settings, judge, redactor, durable_batches=True),
             prometheus,
             sinks=sinks,
             shadow_judges=build_shadow_judges(settings, redactor),

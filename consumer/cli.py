@@ -55,8 +55,13 @@ def cmd_consume(namespace: argparse.Namespace) -> int:
         return EXIT_USAGE
     configure_logging(settings.log_level, settings.log_format)
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    from .app import tier_problem
     from .judge_check import refuse_judge, refuse_shadow_judge
 
+    problem = tier_problem(settings)  # before the judge check: a tier the provider lacks is a usage error
+    if problem is not None:
+        print(f"tracejudge: {problem}", file=sys.stderr)
+        return EXIT_USAGE
     refused = refuse_judge(settings)  # before any I/O: the judge can answer, and LiteLLM's import is paid now
     if refused is None:
         refused = refuse_shadow_judge(settings)

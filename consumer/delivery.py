@@ -103,6 +103,10 @@ class Delivery:
         waiting = []
         for judgement, deliveries in self._awaiting:
             if all(delivered.is_set() for delivered in deliveries):
+                try:
+                    self.prometheus.record_verdict_delay(judgement)
+                except Exception:
+                    logger.exception("recording the verdict delay failed for %s", judgement.job.conversation_id)
                 finish(judgement)
             else:
                 waiting.append((judgement, deliveries))

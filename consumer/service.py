@@ -19,6 +19,7 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import KafkaAdminClient
 
 from tracejudge.metrics import HolisticJudgeMetric
+from tracejudge.metrics.batch import BatchCoordinator
 
 from ._errors import ConsumerError
 from ._logging import quiet_kafka_connections
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
 from .sampling import Sampler
 from .settings import RECONNECT_BACKOFF_MAX_MS, Settings
 from .streams.assembler import Assembler
+from .streams.batch_store import KafkaBatchStore, batches_topic, ensure_batches_topic
 from .streams.instruments import StreamsInstruments
 from .streams.judge_worker import JudgeWorker
 from .streams.topics import InternalTopics, ensure_internal_topics, partitions_of
@@ -82,6 +84,13 @@ def reaching_kafka(bootstrap_servers: str, config: dict[str, Any] | None = None)
             ) from None
 
 
+def judge_concurrency(settings: Settings, judges: int) -> int:
+    """Judge calls in flight at most: at the batch tier a call waits for its batch, so a whole batch is in flight."""
+    if settings.judge_tier == "batch":
+        return max(settings.max_concurrency, settings.judge_batch_size * max(1, judges))
+    return settings.max_concurrency
+
+
 class ConsumerService:
     """Runs until `request_stop()`."""
 
@@ -108,7 +117,7 @@ class ConsumerService:
         self.pool = JudgePool(
             judges,
             self.delivery.judged,
-            max_concurrency=settings.max_concurrency,
+            max_concurrency=judge_concurrency(settings, len(judges)),
             max_requests_per_minute=settings.max_requests_per_minute,
             max_cost_per_hour=settings.max_cost_per_hour,
             shadow_judges=shadow_judges,
@@ -122,6 +131,7 @@ class ConsumerService:
         self.topics = InternalTopics(settings.group_id)
         self.assembler: Assembler | None = None
         self.judge_worker: JudgeWorker | None = None
+        self.batch_store: KafkaBatchStore | None = None
         self._stop = threading.Event()
         self._judge_thread: threading.Thread | None = None
         self.stop_deadline: float | None = None  # set when the shutdown starts: the end of the grace period
@@ -190,6 +200,7 @@ class ConsumerService:
         partitions = self._partitions()
         self._ensure_topics(partitions)
         if settings.role in ("all", "judge"):
+            self._open_batch_store()
             self.judge_worker = JudgeWorker(
                 settings,
                 self.pool,
@@ -238,6 +249,39 @@ class ConsumerService:
             floors=floors,
             margin=settings.canary_margin,
         ).start()
+
+    def _open_batch_store(self) -> None:
+        """--judge-tier batch: the durable batch records, read to the end and followed, handed to each model's
+        coordinator before its first call (which waits for them)."""
+        coordinators = {}
+        for judge in self.pool.judges:
+            coordinator = getattr(judge.backend, "coordinator", None)
+            if isinstance(coordinator, BatchCoordinator):
+                coordinators[id(coordinator)] = coordinator
+        if not coordinators:
+            return
+        admin_config = {
+            k: v
+            for k, v in self.settings.kafka_config.items()
+            if k in KafkaAdminClient.DEFAULT_CONFIG and k != "client_id"
+        }
+        admin = KafkaAdminClient(
+            bootstrap_servers=self.settings.bootstrap_servers,
+            client_id="tracejudge-admin",
+            **{"reconnect_backoff_max_ms": RECONNECT_BACKOFF_MAX_MS, **admin_config},
+        )
+        try:
+            ensure_batches_topic(admin, batches_topic(self.settings.group_id))
+        finally:
+            admin.close()
+        store = KafkaBatchStore(
+            self.settings, consumer_factory=self.consumer_factory, producer_factory=self.producer_factory
+        )
+        self.batch_store = store
+        for coordinator in coordinators.values():
+            coordinator.on_event = self.prometheus.record_batch_event
+            store.follow(coordinator.learn)
+            coordinator.attach_store(store)
 
     def run(self) -> None:
         self.connect()
@@ -361,6 +405,8 @@ class ConsumerService:
         if self.judge_worker is not None:
             if not self.judge_worker.close(max(0.5, grace_end - time.monotonic())):
                 logger.warning("judgements still running after the %.0fs grace period are left uncommitted", grace)
+        if self.batch_store is not None:
+            self.batch_store.close()
         logger.info("stopped: %s", outcome_summary(self.prometheus))
 
     # -- introspection for tests and benchmarks --------------------------------------------------------------------

@@ -146,6 +146,23 @@ class Settings(BaseSettings):
         "one cheap judge call at startup; a judge that cannot answer exits 3 before any record is read",
     )
     judge_retries: int = _env("TRACEJUDGE_JUDGE_RETRIES", 3, "retries of a failed judge call")
+    judge_tier: Literal["standard", "flex", "batch"] = _env(
+        "TRACEJUDGE_JUDGE_TIER",
+        "standard",
+        "the provider's service tier: standard, flex (half price, slower; standard when refused for capacity) or "
+        "batch (half price through the Batch API; verdicts within the provider's window, usually minutes)",
+    )
+    judge_batch_size: int = _env(
+        "TRACEJUDGE_JUDGE_BATCH_SIZE", 500, "--judge-tier batch: judge requests gathered into one batch at most"
+    )
+    judge_batch_wait: float = _env(
+        "TRACEJUDGE_JUDGE_BATCH_WAIT",
+        60.0,
+        "--judge-tier batch: seconds the first request of a batch waits for others before the batch is submitted",
+    )
+    judge_batch_poll: float = _env(
+        "TRACEJUDGE_JUDGE_BATCH_POLL", 30.0, "--judge-tier batch: seconds between polls of a submitted batch"
+    )
     threshold: float = _env("TRACEJUDGE_THRESHOLD", 0.7, "a score at or above this passes")
     max_open_conversations: int = _env(
         "TRACEJUDGE_MAX_OPEN_CONVERSATIONS",
@@ -324,14 +341,23 @@ class Settings(BaseSettings):
             "max_open_conversations",
             "max_state_bytes",
             "max_conversation_bytes",
+            "judge_batch_size",
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
-        for name in ("session_idle_timeout", "window_seconds", "judge_timeout", "state_retention"):
+        for name in (
+            "session_idle_timeout",
+            "window_seconds",
+            "judge_timeout",
+            "state_retention",
+            "judge_batch_poll",
+        ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
         if self.end_grace < 0:
             raise ValueError("end_grace must not be negative")
+        if self.judge_batch_wait < 0:
+            raise ValueError("judge_batch_wait must not be negative")
         if self.max_requests_per_minute is not None and self.max_requests_per_minute <= 0:
             raise ValueError("max_requests_per_minute must be positive")
         if self.max_cost_per_hour is not None and self.max_cost_per_hour < 0:

@@ -19,7 +19,15 @@ from tracejudge.tracer.rate_limited_log import RateLimitedLog
 from ._caching import cacheable_system_prompt
 from ._cases import ConversationalEvalTestCase
 from ._errors import InvalidJudgeAnswer, JudgeCallError
-from ._llm import CustomLLMClient, JudgeBackend, JudgeReply, RetryPolicy, call_with_retries, resolve_backend
+from ._llm import (
+    TIER_FALLBACKS,
+    CustomLLMClient,
+    JudgeBackend,
+    JudgeReply,
+    RetryPolicy,
+    call_with_retries,
+    resolve_backend,
+)
 from ._printing import print_metric_result
 from ._results import (
     ERROR_AUTH,
@@ -340,10 +348,15 @@ class HolisticJudgeMetric:
         result = MetricResult(
             name=self.name, threshold=self.threshold, model=self.model_name, rubric_version=self.rubric_version
         )
+        fallbacks = [0]
+        token = TIER_FALLBACKS.set(fallbacks)
         try:
             await self._judge(conversation, result)
         except Exception as exc:  # a bug of ours must not abort a batch either
             self._fail(result, ERROR_INTERNAL, f"internal error: {exc!r}")
+        finally:
+            TIER_FALLBACKS.reset(token)
+        result.tier_fallbacks = fallbacks[0]
         result.latency_s = time.perf_counter() - started
         if result.error is not None:
             FAILURE_LOGS.warning(
@@ -414,6 +427,7 @@ class HolisticJudgeMetric:
         result.output_tokens = add(result.output_tokens, reply.output_tokens)
         result.cached_input_tokens = add(result.cached_input_tokens, reply.cached_input_tokens)
         result.cache_write_input_tokens = add(result.cache_write_input_tokens, reply.cache_write_input_tokens)
+        result.tier = reply.tier or result.tier
 
     @staticmethod
     def _fail(result: MetricResult, kind: str, message: str) -> None:

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import contextvars
 import email.utils
+import logging
 import math
 import random
 import re
@@ -22,6 +23,8 @@ from dataclasses import dataclass
 from datetime import UTC
 from typing import Any
 
+from tracejudge.tracer.rate_limited_log import RateLimitedLog
+
 from ._errors import JudgeCallError
 from ._results import (
     ERROR_AUTH,
@@ -32,6 +35,7 @@ from ._results import (
     ERROR_SERVER,
     ERROR_TIMEOUT,
 )
+from .tiers import TIER_FLEX, TIER_STANDARD, is_flex_unavailable, tier_cost
 
 # Seeds' short provider names that differ from LiteLLM's.
 _PROVIDER_ALIASES = {"google": "gemini"}
@@ -61,6 +65,8 @@ class JudgeReply:
     output_tokens: int | None = None
     cached_input_tokens: int | None = None
     cache_write_input_tokens: int | None = None
+    tier: str | None = None  # the service tier that answered (flex falls back to standard for capacity)
+    tier_fallbacks: int = 0  # flex requests refused for capacity and made again at the standard tier
 
 
 # Providers that cache a prompt prefix only up to an explicit `cache_control` breakpoint (Claude on Anthropic, Bedrock,
@@ -271,13 +277,21 @@ def check_judge_model(model: str, *, timeout: float) -> None:
         raise classify_litellm_error(exc) from exc
 
 
-class LiteLLMBackend(JudgeBackend):
-    """Any LiteLLM model string; OpenAI-compatible servers through OPENAI_BASE_URL / OPENAI_API_BASE."""
+_FLEX_LOG = logging.getLogger("tracejudge.metrics.tiers")
+FLEX_FALLBACK_LOG = RateLimitedLog(_FLEX_LOG, interval_s=60.0)
 
-    def __init__(self, model: str) -> None:
+
+class LiteLLMBackend(JudgeBackend):
+    """Any LiteLLM model string; OpenAI-compatible servers through OPENAI_BASE_URL / OPENAI_API_BASE.
+
+    `tier="flex"` sends `service_tier="flex"` (half price, slower) and prices the answer at the map's flex prices;
+    a "no flex capacity" refusal is made again at the standard tier at once (counted in the reply)."""
+
+    def __init__(self, model: str, *, tier: str = TIER_STANDARD) -> None:
         self.model_name = model
         self.litellm_model = litellm_model_string(model)
         self._cache_breakpoint = needs_cache_breakpoint(self.litellm_model)
+        self.tier = tier
 
     async def warm_up(self) -> None:
         """LiteLLM's import takes seconds: on the event loop it would stall every judgement and fire their timeouts,
@@ -313,7 +327,7 @@ class LiteLLMBackend(JudgeBackend):
             "drop_params": True,
         }
         if response_format is None:
-            return await self._call(litellm, kwargs)
+            return await self._tiered_call(litellm, kwargs)
         if _IN_SLOT.get() == self.litellm_model:  # the attempt's slot has waited its turn (and releases a probe)
             mode, probing = RESPONSE_MODES.candidate(self.litellm_model), False
         else:
@@ -327,7 +341,7 @@ class LiteLLMBackend(JudgeBackend):
                 else:
                     kwargs.pop("response_format", None)
                 try:
-                    reply = await self._call(litellm, kwargs, rejectable=mode != MODE_TEXT)
+                    reply = await self._tiered_call(litellm, kwargs, rejectable=mode != MODE_TEXT)
                 except _FormatRejected:
                     mode = RESPONSE_MODES.rejected(self.litellm_model, mode)
                     continue
@@ -337,11 +351,50 @@ class LiteLLMBackend(JudgeBackend):
             if probing:
                 RESPONSE_MODES.release(self.litellm_model)
 
+    async def _tiered_call(self, litellm: Any, kwargs: dict[str, Any], *, rejectable: bool = False) -> JudgeReply:
+        """At the flex tier: `service_tier="flex"`, and on the provider's capacity refusal the same call at once at
+        the standard tier; the reply is priced at the tier that answered."""
+        if self.tier != TIER_FLEX:
+            reply = await self._call(litellm, kwargs, rejectable=rejectable)
+            reply.tier = TIER_STANDARD
+            return reply
+        try:
+            reply = await self._call(litellm, {**kwargs, "service_tier": TIER_FLEX}, rejectable=rejectable, flex=True)
+        except _FlexUnavailable as exc:
+            FLEX_FALLBACK_LOG.warning(
+                "judge %s: no flex capacity (%s); judged at the standard tier (full price) instead. Counted in "
+                "tracejudge_judge_tier_fallbacks_total; frequent fallbacks: try --judge-tier batch",
+                self.model_name,
+                str(exc.__cause__)[:160],
+            )
+            box = TIER_FALLBACKS.get()
+            if box is not None:  # counted whatever the standard call then gives (an error included)
+                box[0] += 1
+            reply = await self._call(litellm, kwargs, rejectable=rejectable)
+            reply.tier, reply.tier_fallbacks = TIER_STANDARD, 1
+            return reply
+        reply.tier = TIER_FLEX
+        priced = tier_cost(
+            self.litellm_model,
+            TIER_FLEX,
+            input_tokens=reply.input_tokens,
+            output_tokens=reply.output_tokens,
+            cached_input_tokens=reply.cached_input_tokens,
+            cache_write_input_tokens=reply.cache_write_input_tokens,
+        )
+        if priced is not None:
+            reply.cost_usd = priced
+        return reply
+
     @staticmethod
-    async def _call(litellm: Any, kwargs: dict[str, Any], *, rejectable: bool = False) -> JudgeReply:
+    async def _call(
+        litellm: Any, kwargs: dict[str, Any], *, rejectable: bool = False, flex: bool = False
+    ) -> JudgeReply:
         try:
             response = await litellm.acompletion(**kwargs)
         except Exception as exc:
+            if flex and is_flex_unavailable(exc):
+                raise _FlexUnavailable from exc
             error = classify_litellm_error(exc)
             if rejectable and rejects_response_format(exc, error):
                 raise _FormatRejected from exc
@@ -359,6 +412,10 @@ _FORMAT_WORDS = re.compile(r"response_format|json_schema|json_object|structured 
 
 class _FormatRejected(Exception):
     """The provider refused the requested response_format (not the request as a whole)."""
+
+
+class _FlexUnavailable(Exception):
+    """The provider has no flex capacity for this request now (not charged): made again at the standard tier."""
 
 
 def rejects_response_format(exc: BaseException, error: JudgeCallError) -> bool:
@@ -431,6 +488,11 @@ class ResponseModes:
 
 
 RESPONSE_MODES = ResponseModes()
+# Flex calls made again at the standard tier during one judgement (a one-item list set by the metric's evaluate;
+# mutable, so the tasks asyncio.wait_for starts, which copy the context, count into the same box).
+TIER_FALLBACKS: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar(
+    "tracejudge_tier_fallbacks", default=None
+)
 # The model whose slot the current attempt is in (set by `LiteLLMBackend.slot`, read by `complete`).
 _IN_SLOT: contextvars.ContextVar[str | None] = contextvars.ContextVar("tracejudge_in_slot", default=None)
 

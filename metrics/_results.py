@@ -37,6 +37,8 @@ class MetricResult(BaseModel):
     cache_write_input_tokens: int | None = None  # written to the provider's cache (Anthropic: 1.25x), part of input
     latency_s: float = 0.0
     attempts: int = 0
+    tier: str | None = None  # the service tier that answered: standard, flex or batch
+    tier_fallbacks: int = 0  # flex requests refused for capacity and made at the standard tier instead
     error: str | None = None
     error_kind: str | None = None
 

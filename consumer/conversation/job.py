@@ -25,6 +25,9 @@ class JudgeJob:
     truncated: bool
     completed_by: str
     content_id: str = ""  # names exactly this transcript (conversation/identity.py): result ids derive from it
+    # When the conversation completed (record time, ms since the epoch; None before the judge queue carried it):
+    # where tracejudge_verdict_delay_seconds starts.
+    completed_ms: int | None = None
 
     @property
     def turn_count(self) -> int:

@@ -29,6 +29,8 @@ VERDICTS = {FAILURE_RATE: tuple(FAILURE_RATE_WEIGHTS), CONVERSATIONAL_FLOW: tupl
 OUTCOMES = (OUTCOME_JUDGED, OUTCOME_SAMPLED_OUT, OUTCOME_FAILED, OUTCOME_SKIPPED_BUDGET)
 SCORE_BUCKETS = (0.0, 0.3, 0.4, 0.6, 0.7, 0.9, 1.0)
 LATENCY_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0, 120.0)
+# Completion to delivered verdict: seconds (standard), minutes (flex, batch usually), up to a day (a batch's window).
+DELAY_BUCKETS = (1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0, 21600.0, 86400.0)
 
 
 class AgentLabels:
@@ -268,6 +270,26 @@ class ConsumerMetrics:
             ["metric", "model", "direction"],
             registry=registry,
         )
+        self.verdict_delay = Histogram(
+            "tracejudge_verdict_delay_seconds",
+            "From the conversation's completion (its record time) to its verdict delivered to every output",
+            ["metric"],
+            buckets=DELAY_BUCKETS,
+            registry=registry,
+        )
+        self.tier_fallbacks = Counter(
+            "tracejudge_judge_tier_fallbacks_total",
+            "Flex judge calls the provider refused for capacity, made again at the standard tier (full price)",
+            ["metric", "model"],
+            registry=registry,
+        )
+        self.judge_batches = Counter(
+            "tracejudge_judge_batches_total",
+            "Batch-tier batches by event: submitted, resumed (polled again after a restart), resubmitted (expired or "
+            "cancelled once), expired (again: its judgements fail), failed_items (a batch with failed lines)",
+            ["event"],
+            registry=registry,
+        )
         self.sessions_open = Gauge("tracejudge_sessions_open", "Conversations being assembled", registry=registry)
         self.in_flight = Gauge("tracejudge_judgements_in_flight", "Judge calls under way", registry=registry)
         self.records = Counter("tracejudge_records_total", "Kafka records by outcome", ["outcome"], registry=registry)
@@ -350,6 +372,8 @@ class ConsumerMetrics:
                     result.cost_usd
                 )
             self._record_tokens(result)
+            if result.tier_fallbacks:
+                self.tier_fallbacks.labels(metric=result.name, model=result.model).inc(result.tier_fallbacks)
             if result.error is not None or result.score is None or result.verdict is None:
                 self.judge_errors.labels(metric=result.name, reason=result.error_kind or "unknown").inc()
                 continue
@@ -380,6 +404,18 @@ class ConsumerMetrics:
         for direction, count in counts.items():
             if count:
                 self.judge_tokens.labels(metric=result.name, model=result.model, direction=direction).inc(count)
+
+    def record_batch_event(self, event: str) -> None:
+        self.judge_batches.labels(event=event).inc()
+
+    def record_verdict_delay(self, judgement: Judgement, now: float | None = None) -> None:
+        """A judged conversation's verdicts are delivered: how long after the conversation completed."""
+        completed_ms = judgement.job.completed_ms
+        if completed_ms is None or judgement.outcome == OUTCOME_SAMPLED_OUT:
+            return
+        delay = max(0.0, (time.time() if now is None else now) - completed_ms / 1000.0)
+        for result in judgement.results:
+            self.verdict_delay.labels(metric=result.name).observe(delay)
 
     def record_feedback(self, agent: str, *, negative: bool) -> None:
         label = self._agent(agent)

@@ -63,7 +63,7 @@ class JudgeWorker(AsyncConsumerRebalanceListener):
         self.feedback = feedback
         self.topics = InternalTopics(settings.group_id)
         self.offsets = OffsetTracker()
-        self.max_pending = max(4, settings.max_concurrency * 4)
+        self.max_pending = max(4, pool.max_concurrency * 4)
         self.consumer_factory = consumer_factory
         self.producer_factory = producer_factory
         self.consumer: KafkaConsumer | None = None

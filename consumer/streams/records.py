@@ -95,5 +95,6 @@ def job_from_json(data: dict[str, Any], *, key: str, partition: int) -> tuple[Ju
         truncated=bool(data["truncated"]),
         completed_by=str(data["completed_by"]),
         content_id=str(data["content_id"]),
+        completed_ms=int(data["completed_ms"]),
     )
     return job, bool(data["sampled"]), int(data["completed_ms"])

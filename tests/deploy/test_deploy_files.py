@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +69,10 @@ def exported_metric_names() -> set[str]:
     flow = MetricResult(name="conversational_flow", verdict="fully", score=1.0, threshold=0.7, model="m")
     metrics.record_judgement(Judgement(job("c"), "judged", [result, flow]))
     metrics.record_judgement(Judgement(job("d"), "failed", [error]))
+    flex = MetricResult(name="failure_rate", verdict="stall", score=0.4, threshold=0.7, model="m", tier_fallbacks=1)
+    metrics.record_judgement(Judgement(job("e"), "judged", [flex]))
+    metrics.record_batch_event("submitted")
+    metrics.record_verdict_delay(Judgement(replace(job("f"), completed_ms=1), "judged", [result]))
     metrics.lag.labels(partition="0").set(1)
     metrics.record_judges([FailureRateMetric("m")])
     metrics.record_feedback("a", negative=True)
@@ -159,6 +164,7 @@ def test_dashboard_covers_what_users_watch() -> None:
         "tracejudge_canary_accuracy",
         "tracejudge_canary_flips_total",
         "tracejudge_shadow_agreement",
+        "tracejudge_verdict_delay_seconds",
     ):
         assert needle in text, needle
     assert board["templating"]["list"][0]["name"] == "agent"

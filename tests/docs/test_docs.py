@@ -207,3 +207,17 @@ def test_a_local_server_without_a_key_is_refused_as_the_readme_says(
     monkeypatch.setenv("OPENAI_API_KEY", "placeholder")
     judged = asyncio.run(FailureRateMetric(model="llama3.2", max_retries=0).evaluate(conversation))
     assert judged.verdict == "not_applicable" and len(judge_server.requests) == 1
+
+
+def test_cost_by_tier_table_is_bench_results_json() -> None:
+    """docs/costs.md's table by tier: per model the cheapest tier and its figures, as bench/judge_cost.py wrote them."""
+    models = json.loads((ROOT / "bench" / "results.json").read_text())["judge_cost"]["models"]
+    rows = table((DOCS / "costs.md").read_text(), "| judge model, cheapest tier |")
+    assert {row[0] for row in rows} == set(models)
+    for model, tier, steady, cold, ratio_steady, ratio_cold, every in rows:
+        figures = models[model]["tiers"]
+        assert tier == models[model]["cheapest_tier"], model
+        best = figures[tier]
+        assert steady == f"${best['steady_usd'] * 1e3:.2f}" and cold == f"${best['cold_usd'] * 1e3:.2f}", model
+        assert ratio_steady == f"{best['ratio_steady']:.2f}x" and ratio_cold == f"{best['ratio_cold']:.2f}x", model
+        assert every == ", ".join(f"{name} {f['ratio_steady']:.2f}x" for name, f in figures.items()), model

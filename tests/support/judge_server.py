@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from tests.support.batch_api import BatchAPI
 from tests.support.loopback import LoopbackHTTPServer, QuietHandler
 
 
@@ -80,8 +81,15 @@ class JudgeServer:
         reject_json_schema: bool = False,
         reject_json_object: bool = False,
         constrain: bool = False,
+        flex_refuse: Callable[[dict[str, Any]], bool] | None = None,
     ) -> None:
         self.responder = responder
+        # The flex tier: a request with service_tier=flex is refused for capacity (429 resource_unavailable, as
+        # OpenAI answers) when `flex_refuse(body)` says so; `flex_requests` counts flex requests, refused or not.
+        self.flex_refuse = flex_refuse
+        self.flex_requests = 0
+        self.flex_refused = 0
+        self.batch = BatchAPI(self._answer_line)
         self.default = default or verdict("not_applicable")
         self.queue: list[Reply] = []
         self.requests: list[dict[str, Any]] = []
@@ -104,10 +112,32 @@ class JudgeServer:
             protocol_version = "HTTP/1.1"
             disable_nagle_algorithm = True  # headers go out in small writes: Nagle + delayed ACK would add ~40 ms
 
+            def _batch_api(self, method: str) -> bool:
+                if not server.batch.handles(self.path):
+                    return False
+                length = int(self.headers.get("content-length") or 0)
+                raw = self.rfile.read(length) if length else b""
+                status, payload, content_type = server.batch.route(method, self.path, self.headers, raw)
+                self.send_response(status)
+                self.send_header("content-type", content_type)
+                self.send_header("content-length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+                return True
+
+            def do_GET(self) -> None:
+                if not self._batch_api("GET"):
+                    self.send_error(404)
+
             def do_POST(self) -> None:
+                if self._batch_api("POST"):
+                    return
                 length = int(self.headers.get("content-length") or 0)
                 body = json.loads(self.rfile.read(length) or b"{}")
-                if is_judge_check(body):
+                flex_refusal = server._flex(body)
+                if flex_refusal is not None:
+                    reply = flex_refusal
+                elif is_judge_check(body):
                     with server._lock:
                         server.checks.append(body)
                     reply = server.check_reply
@@ -152,6 +182,7 @@ class JudgeServer:
 
     def stop(self) -> None:
         self._stop.set()
+        self.batch.stop()
         self._http.stop()
 
     def __enter__(self) -> JudgeServer:
@@ -168,6 +199,33 @@ class JudgeServer:
         """The response_format type of every request received, in order (`text` when none was sent)."""
         with self._lock:
             return [mode_of(r) for r in self.requests]
+
+    def _flex(self, body: dict[str, Any]) -> Reply | None:
+        """A flex request refused for capacity (not recorded as a judgement: the caller makes it again)."""
+        if body.get("service_tier") != "flex":
+            return None
+        with self._lock:
+            self.flex_requests += 1
+            refuse = self.flex_refuse is not None and self.flex_refuse(body)
+            self.flex_refused += refuse
+        if not refuse:
+            return None
+        error = {
+            "message": "Resource Unavailable: flex capacity is not available right now, try again later.",
+            "type": "invalid_request_error",
+            "code": "resource_unavailable",
+        }
+        return Reply(status=429, raw_body=json.dumps({"error": error}).encode())
+
+    def _answer_line(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        """One line of a batch: answered as the chat endpoint answers the same body (the same script)."""
+        reply = self._refusal(body) or self._constrained(body, self._next(body))
+        payload = reply.raw_body if reply.raw_body is not None else self._completion(body, reply)
+        try:
+            parsed = json.loads(payload)
+        except ValueError:
+            parsed = {"error": {"message": payload.decode("utf-8", "replace")}}
+        return reply.status, parsed
 
     def _refusal(self, body: dict[str, Any]) -> Reply | None:
         """A 400 for a response format this "model" lacks, or for a schema that is not exactly the labels."""
@@ -233,6 +291,7 @@ class JudgeServer:
                 "object": "chat.completion",
                 "created": int(time.time()),
                 "model": request.get("model", "scripted"),
+                "service_tier": request.get("service_tier") or "default",
                 "choices": [
                     {
                         "index": 0,
