@@ -15,7 +15,7 @@ of the tasks it owns, and a producer. Owning input partition p makes this proces
   the changelog and flush again, then commit the input offsets. A crash anywhere in between replays records since
   the last commit into restored state, where a span already seen is a duplicate: at-least-once, never a fragment.
 - Completion by the conversation's own clock: a task's clock is the highest record timestamp it has read, or the wall
-  time at which a fresh fetch (`probe.HighwaterProbe`, every WATERMARK_INTERVAL_S) found nothing left to read; a
+  time at which a fetch answered after the last check found nothing left to read (`_probe_caught_up`); a
   lagging, paused or rebalancing task never makes its conversations idle, and a stale high watermark never
   passes for "caught up".
 """
@@ -50,12 +50,13 @@ from . import records as R
 from .instruments import StreamsInstruments
 from .membership import close_staying
 from .partitioner import state_partition
-from .probe import HighwaterProbe
+from .probe import forget_highwater
 from .topics import InternalTopics
 
 logger = logging.getLogger("tracejudge.consumer.streams")
 FUTURE_SLACK_MS = 5 * 60 * 1000  # a record stamped further ahead than this (a producer's bad clock) is not believed
 WATERMARK_INTERVAL_S = 0.5
+FETCH_WAIT_MS = 1_000  # a fetch in flight when a high watermark is dropped was answered at most this long before
 
 
 ROUTED_RECORD_BYTES = 512 * 1024
@@ -111,6 +112,7 @@ class Task:
     committed_input: int | None = None
     watermark_ms: int = 0
     caught_up_ms: int = 0  # wall time by which a fresh fetch found nothing in the input partition left to read
+    highwater_dropped_ms: int | None = None  # when the group consumer's remembered high watermark was dropped
     unflushed: dict[str, ConversationState | None] = field(default_factory=dict)
     positions_dirty: bool = False
     reported: dict[str, int] = field(default_factory=dict)  # table counts already exported
@@ -155,7 +157,6 @@ class Assembler(AsyncConsumerRebalanceListener):
         self._lag_reported: set[int] = set()
         self._last_watermarks = 0.0
         self._last_probe = 0.0
-        self.probe = HighwaterProbe(consumer_factory, settings.bootstrap_servers, settings.consumer_config())
 
     # -- lifecycle -------------------------------------------------------------------------------------------------
 
@@ -265,12 +266,10 @@ class Assembler(AsyncConsumerRebalanceListener):
                 self.group.commit(offsets)
         except Exception as exc:
             logger.warning("final commit failed (records since the last commit are read again): %r", exc)
-        for client in (self.group, self.side, self.probe):
+        for client in (self.group, self.side):
             try:
                 if client is self.group and client is not None:
                     close_staying(client)  # its partitions move when the session times out
-                elif isinstance(client, HighwaterProbe):
-                    client.close()
                 elif client is not None:
                     client.close(autocommit=False)
             except Exception as exc:
@@ -502,29 +501,31 @@ class Assembler(AsyncConsumerRebalanceListener):
         return side_end is None or task.repartition_position >= side_end
 
     def _probe_caught_up(self) -> None:
-        """Every WATERMARK_INTERVAL_S, the tasks that look caught up are checked with a fresh fetch; the wall time
-        the check began (less one interval: a late answer to the previous probe may be what was read) becomes the
-        time by which their input partition held nothing more."""
+        """Every WATERMARK_INTERVAL_S: a task that looks caught up has the high watermark its group consumer remembers
+        dropped; once a fetch answered after that brings one back and it is still at the task's position, nothing
+        more was in the partition when it was dropped (less a fetch's wait: an answer in flight then is older).
+        While the consumer does not fetch (paused, rebalancing, its thread busy) no answer comes, and the clock holds.
+        Where kafka-python keeps the value out of reach, the remembered one is taken as it is (as before)."""
         if time.monotonic() - self._last_probe < WATERMARK_INTERVAL_S:
             return
         self._last_probe = time.monotonic()
-        candidates: dict[TopicPartition, tuple[Task, int]] = {}
+        assert self.group is not None
+        now = wall_ms()
         for task in self.tasks.values():
+            if task.restoring:
+                continue
+            tp = TopicPartition(self.settings.topic, task.partition)
             position = self._input_position(task)
-            if not task.restoring and position is not None and self._looks_caught_up(task):
-                candidates[TopicPartition(self.settings.topic, task.partition)] = (task, position)
-        if not candidates:
-            return
-        started = wall_ms() - int(WATERMARK_INTERVAL_S * 1000)
-        try:
-            ends = self.probe.highwaters({tp: position for tp, (_task, position) in candidates.items()})
-        except Exception as exc:  # the clock then stays at record time until a probe answers
-            self._send_log.warning("probing high watermarks failed: %r", exc)
-            return
-        for tp, end in ends.items():
-            task, position = candidates[tp]
-            if end <= position and self.tasks.get(task.partition) is task:
-                task.caught_up_ms = max(task.caught_up_ms, started)
+            end = self.group.highwater(tp)
+            if task.highwater_dropped_ms is not None and end is not None and position is not None and end <= position:
+                task.caught_up_ms = max(task.caught_up_ms, task.highwater_dropped_ms - FETCH_WAIT_MS)
+            if end is not None and self._looks_caught_up(task):
+                if forget_highwater(self.group, tp):
+                    task.highwater_dropped_ms = now
+                else:
+                    task.caught_up_ms = max(task.caught_up_ms, now)
+            elif end is not None:
+                task.highwater_dropped_ms = None  # records still to read: no claim until caught up again
 
     def _clock(self, task: Task, now: int) -> int:
         """A task's clock: its highest record timestamp, or the wall time by which a fresh fetch found its input

@@ -8,12 +8,13 @@ a backlog older than the idle timeout every conversation with routed events coul
 from __future__ import annotations
 
 import time
+from collections import defaultdict
 from types import SimpleNamespace
 
 from tracejudge.consumer.adapters import ConversationEvent, Turn
 from tracejudge.consumer.conversation.table import ConversationTable
 from tracejudge.consumer.streams import records as R
-from tracejudge.consumer.streams.assembler import Assembler, Task
+from tracejudge.consumer.streams.assembler import FETCH_WAIT_MS, Assembler, Task
 
 
 def record(kind: str, key: bytes, value: object, timestamp: int) -> SimpleNamespace:
@@ -40,63 +41,62 @@ def test_watermarks_and_verdicts_do_not_move_the_record_clock() -> None:
 
 
 class _Consumer:
-    """A consumer whose last fetch said `highwater` (stale or not) for every partition."""
+    """A group consumer: the high watermark its last fetch answered, kept where kafka-python keeps it."""
 
     def __init__(self, highwater: int | None) -> None:
-        self._highwater = highwater
-        self.assigned: list[object] = []
+        self._subscription = SimpleNamespace(assignment=defaultdict(lambda: SimpleNamespace(highwater=highwater)))
 
     def highwater(self, tp: object) -> int | None:
-        return self._highwater
+        return self._subscription.assignment[tp].highwater
 
-    def assign(self, partitions: list[object]) -> None:
-        self.assigned = list(partitions)
-
-    def seek(self, tp: object, offset: int) -> None:
-        pass
-
-    def poll(self, **kwargs: object) -> dict[object, list[object]]:
-        return {}
-
-    def close(self, **kwargs: object) -> None:
-        pass
+    def answer(self, highwater: int) -> None:
+        """A fetch answered."""
+        for state in self._subscription.assignment.values():
+            state.highwater = highwater
 
 
-def _assembler(group_highwater: int, fresh_highwater: int | None) -> tuple[Assembler, Task]:
+def _assembler() -> tuple[Assembler, Task, _Consumer]:
     from tracejudge.consumer.settings import Settings
-    from tracejudge.consumer.streams.probe import HighwaterProbe
 
     assembler = Assembler.__new__(Assembler)
     assembler.settings = Settings.from_options(bootstrap_servers="127.0.0.1:9", topic="spans", group_id="g")
     assembler.topics = SimpleNamespace(repartition="g-repartition")  # type: ignore[assignment]
-    assembler.group = _Consumer(group_highwater)  # type: ignore[assignment]
+    group = _Consumer(10)
+    assembler.group = group  # type: ignore[assignment]
     assembler.side = _Consumer(None)  # type: ignore[assignment]
-    assembler.probe = HighwaterProbe(lambda **config: _Consumer(fresh_highwater), "127.0.0.1:9", {})  # type: ignore[arg-type, return-value]
-    assembler._last_probe = 0.0
     task = Task(0, ConversationTable(idle_timeout_s=1.0), restoring=False, input_position=10)
     task.watermark_ms = int(time.time() * 1000) - 60_000
     assembler.tasks = {0: task}
-    return assembler, task
+    return assembler, task, group
 
 
-def test_a_stale_high_watermark_never_lets_wall_time_run() -> None:
-    """The group consumer's last fetch says offset 10 is the end (it stopped fetching: a rebalance, a busy thread),
-    but 5 more records are in the partition: a fresh fetch says so, and the clock stays at record time."""
-    assembler, task = _assembler(group_highwater=10, fresh_highwater=15)
-    now = int(time.time() * 1000)
+def _check(assembler: Assembler) -> None:
+    assembler._last_probe = 0.0
     assembler._probe_caught_up()
-    assert assembler._clock(task, now) == task.watermark_ms
 
 
-def test_a_fresh_fetch_that_finds_nothing_more_moves_the_clock_to_wall_time() -> None:
-    assembler, task = _assembler(group_highwater=10, fresh_highwater=10)
+def test_a_remembered_high_watermark_never_lets_wall_time_run() -> None:
+    """The group consumer's last fetch said offset 10 is the end, and then it stopped fetching (a rebalance, a busy
+    thread): however often the clock is checked, no answer comes, and it stays at record time."""
+    assembler, task, _group = _assembler()
+    for _ in range(3):
+        _check(assembler)
+    assert assembler._clock(task, int(time.time() * 1000)) == task.watermark_ms
+
+
+def test_a_fetch_answered_after_the_check_moves_the_clock_to_that_check() -> None:
+    assembler, task, group = _assembler()
     before = int(time.time() * 1000)
-    assembler._probe_caught_up()
+    _check(assembler)  # drops the remembered high watermark
+    group.answer(10)  # a fetch answered: still at the position
+    _check(assembler)
     clock = assembler._clock(task, int(time.time() * 1000))
-    assert before - 1_000 <= clock <= before  # the probe's start, less one interval: never past it
+    assert before - FETCH_WAIT_MS <= clock <= before  # the first check, less a fetch's wait: never later
 
 
-def test_no_answer_from_the_probe_keeps_record_time() -> None:
-    assembler, task = _assembler(group_highwater=10, fresh_highwater=None)
-    assembler._probe_caught_up()
+def test_an_answer_with_more_records_keeps_record_time() -> None:
+    assembler, task, group = _assembler()
+    _check(assembler)
+    group.answer(15)  # 5 more records in the partition
+    _check(assembler)
     assert assembler._clock(task, int(time.time() * 1000)) == task.watermark_ms
