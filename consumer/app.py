@@ -133,7 +133,7 @@ def build_shadow_judges(settings: Settings, redactor: Redactor | None = None) ->
     """With --shadow-judge-model: the same metrics (their own rubric versions) on the shadow model."""
     if not settings.shadow_judge_model:
         return []
-    return build_judges(settings, settings.shadow_judge_model, redactor)
+    return build_judges(settings, settings.shadow_judge_model, redactor, durable_batches=True)
 
 
 def canary_items(settings: Settings) -> list[Any]:

@@ -254,7 +254,7 @@ class ConsumerService:
         """--judge-tier batch: the durable batch records, read to the end and followed, handed to each model's
         coordinator before its first call (which waits for them)."""
         coordinators = {}
-        for judge in self.pool.judges:
+        for judge in [*self.pool.judges, *self.pool.shadow_judges]:  # the shadow's batches are paid for too
             coordinator = getattr(judge.backend, "coordinator", None)
             if isinstance(coordinator, BatchCoordinator):
                 coordinators[id(coordinator)] = coordinator

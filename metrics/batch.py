@@ -569,12 +569,24 @@ class BatchCoordinator:
                     self._results.popitem(last=False)
 
     def _forget(self, batch: _Batch) -> None:
+        requeued = 0
         for cid in batch.custom_ids:
             if self._known.get(cid) == batch.key:
                 del self._known[cid]
-                if self._waiting.get(cid):  # asked for meanwhile: submitted now
-                    self._log.warning("judge batch %s was never created: its requests are submitted again", batch.key)
+                body = batch.bodies.get(cid)
+                if self._waiting.get(cid) and body is not None and cid not in self._pending:
+                    self._pending[cid] = body  # asked for meanwhile: submitted now, not left waiting for days
+                    requeued += 1
         self._batches.pop(batch.key, None)
+        if requeued:
+            self._log.warning(
+                "judge batch %s was never created: its %d waiting requests are submitted again", batch.key, requeued
+            )
+            assert self._loop is not None
+            if len(self._pending) >= self.batch_size:
+                self._flush()
+            elif self._timer is None:
+                self._timer = self._loop.call_later(self.batch_wait_s, self._flush)
 
 
 def _unreached(item: dict[str, Any]) -> bool:
@@ -608,9 +620,24 @@ class BatchBackend(JudgeBackend):
         self.coordinator = coordinator
         self._breakpoint = needs_cache_breakpoint(self.litellm_model)
         self._with_breakpoint = with_cache_breakpoint
+        self._temperature: bool | None = None
 
     async def warm_up(self) -> None:
         await asyncio.to_thread(_import_litellm)
+
+    def _takes_temperature(self, model: str) -> bool:
+        """What the standard tier sends, decided by LiteLLM (`drop_params`): gpt-5 reasoning models refuse
+        temperature 0, and a batch line is sent as written, so the same parameter mapping is applied here."""
+        if self._temperature is None:
+            provider = self.litellm_model.partition("/")[0] if "/" in self.litellm_model else "openai"
+            try:
+                params = _import_litellm().get_optional_params(
+                    model=model, custom_llm_provider=provider, temperature=0, drop_params=True
+                )
+                self._temperature = "temperature" in params
+            except Exception:
+                self._temperature = True
+        return self._temperature
 
     async def complete(
         self, messages: list[dict[str, str]], *, timeout: float, response_format: dict[str, Any] | None = None
@@ -618,8 +645,9 @@ class BatchBackend(JudgeBackend):
         body: dict[str, Any] = {
             "model": self.litellm_model.partition("/")[2] or self.litellm_model,
             "messages": self._with_breakpoint(messages) if self._breakpoint else messages,
-            "temperature": 0,
         }
+        if self._takes_temperature(body["model"]):
+            body["temperature"] = 0
         if response_format is not None:
             body["response_format"] = response_format
         return await self.coordinator.request(body)

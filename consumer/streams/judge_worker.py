@@ -354,12 +354,14 @@ class JudgeWorker(AsyncConsumerRebalanceListener):
             self.commit()
         except Exception as exc:
             logger.warning("final judge-queue commit failed: %r", exc)
-        try:
-            self.probe.close()
-            if self.consumer is not None:
-                close_staying(self.consumer)  # no LeaveGroup (see `membership`)
-        except Exception as exc:
-            logger.warning("closing a consumer: %r", exc)
+        for client in (self.probe, self.consumer):
+            try:
+                if isinstance(client, HighwaterProbe):
+                    client.close()
+                elif client is not None:
+                    close_staying(client)  # no LeaveGroup (see `membership`)
+            except Exception as exc:
+                logger.warning("closing a consumer: %r", exc)
         if self.producer is not None:
             try:
                 self.producer.close(timeout=max(0.5, deadline - time.monotonic()))

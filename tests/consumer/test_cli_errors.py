@@ -177,7 +177,9 @@ def test_a_new_group_says_what_joining_means_and_ready_follows_assignment(broker
         process.send_signal(signal.SIGTERM)
         assert process.wait(60) == 0
 
-    # The same group once it has a commit: no such note.
+    # A group with a commit: no such note. (Another group: the stopped consumer sent no LeaveGroup, so it stays a
+    # member of `group` until its session times out, and Tansu refuses a commit from outside meanwhile.)
+    group = f"tj-committed-{uuid.uuid4().hex[:8]}"
     committer = KafkaConsumer(bootstrap_servers=broker.bootstrap_servers, group_id=group, enable_auto_commit=False)
     try:
         committer.assign([TopicPartition(topic, 0)])

@@ -167,6 +167,22 @@ async def test_batch_recorded_but_never_created_is_found_or_resubmitted(judge_se
     assert len(judge_server.batch.created) == 1
 
 
+async def test_a_recorded_batch_the_provider_never_created_is_submitted_again(judge_server: JudgeServer) -> None:
+    """Killed after recording a batch and before creating it: no batch carries its key, so the replayed request is
+    submitted in a new batch and answered, not left waiting (for the 2-day call timeout) on a batch that never was."""
+    judge_server.responder = scripted
+    probe_store = MemoryBatchStore()
+    first = await batch_metric(coordinator(probe_store)).evaluate(conversation(1))
+    assert first.error is None
+    record = dict(next(iter(probe_store.load())), state="submitting", batch_id=None, key="never-created")
+    store = MemoryBatchStore()
+    store.save(record)
+    created = len(judge_server.batch.created)
+    result = await asyncio.wait_for(batch_metric(coordinator(store)).evaluate(conversation(1)), 30)
+    assert result.error is None and result.verdict == first.verdict
+    assert len(judge_server.batch.created) == created + 1
+
+
 def test_flex_without_a_flex_price_says_so_and_judges_at_standard(caplog: pytest.LogCaptureFixture) -> None:
     from tracejudge.consumer.app import build_judges
     from tracejudge.consumer.settings import Settings
