@@ -15,7 +15,7 @@ of the tasks it owns, and a producer. Owning input partition p makes this proces
   the changelog and flush again, then commit the input offsets. A crash anywhere in between replays records since
   the last commit into restored state, where a span already seen is a duplicate: at-least-once, never a fragment.
 - Completion by the conversation's own clock: a task's clock is the highest record timestamp it has read, or the wall
-  time as of which a fetch answer found nothing left to read (`_check_caught_up`); a
+  time at which a fetch answered after the last check found nothing left to read (`_probe_caught_up`); a
   lagging, paused or rebalancing task never makes its conversations idle, and a stale high watermark never
   passes for "caught up".
 """
@@ -50,12 +50,14 @@ from . import records as R
 from .instruments import StreamsInstruments
 from .membership import close_staying
 from .partitioner import state_partition
-from .probe import forget_highwater
+from .probe import forget_highwater, restore_highwater
 from .topics import InternalTopics
 
 logger = logging.getLogger("tracejudge.consumer.streams")
 FUTURE_SLACK_MS = 5 * 60 * 1000  # a record stamped further ahead than this (a producer's bad clock) is not believed
 WATERMARK_INTERVAL_S = 0.5
+ANSWER_WAIT_MS = 3_000  # no fetch answer for a dropped high watermark this long: an incremental session left it out
+FETCH_WAIT_MS = 1_000  # a fetch in flight when a high watermark is dropped was answered at most this long before
 
 
 ROUTED_RECORD_BYTES = 512 * 1024
@@ -111,7 +113,7 @@ class Task:
     committed_input: int | None = None
     watermark_ms: int = 0
     caught_up_ms: int = 0  # wall time by which a fresh fetch found nothing in the input partition left to read
-    armed_ms: int | None = None  # the next fetch answer for the input partition reflects the log at or after this
+    highwater_dropped_ms: int | None = None  # when the group consumer's remembered high watermark was dropped
     highwater_seen: int | None = None  # the last high watermark a fetch answered (for the lag gauge)
     unflushed: dict[str, ConversationState | None] = field(default_factory=dict)
     positions_dirty: bool = False
@@ -156,6 +158,7 @@ class Assembler(AsyncConsumerRebalanceListener):
         self._send_log = RateLimitedLog(logger, interval_s=10.0)
         self._lag_reported: set[int] = set()
         self._last_watermarks = 0.0
+        self._last_probe = 0.0
 
     # -- lifecycle -------------------------------------------------------------------------------------------------
 
@@ -195,9 +198,6 @@ class Assembler(AsyncConsumerRebalanceListener):
             "max_poll_records": 500,
             "partition_assignment_strategy": [CooperativeStickyAssignor],
             **common,
-            # Every fetch answer names every partition: an incremental session leaves out one whose log did not
-            # change, and `_check_caught_up` needs an answer to move an idle partition's clock.
-            "enable_incremental_fetch_sessions": False,
         }
         if settings.group_instance_id:
             group_config["group_instance_id"] = settings.group_instance_id
@@ -225,7 +225,6 @@ class Assembler(AsyncConsumerRebalanceListener):
     def step(self) -> None:
         """One round of the stream thread: poll, restore, process, complete, dispatch, maybe commit."""
         assert self.group is not None and self.side is not None
-        poll_started = wall_ms()
         batches = self.group.poll(timeout_ms=100, max_records=500)
         self._sync_side()
         for tp, records in batches.items():
@@ -253,7 +252,7 @@ class Assembler(AsyncConsumerRebalanceListener):
                 task.repartition_position = records[-1].offset + 1
                 task.positions_dirty = True
         self._finish_restores()
-        self._check_caught_up(poll_started)
+        self._probe_caught_up()
         self._advance()
         self._bound_open()
         self._bound_memory()
@@ -503,33 +502,42 @@ class Assembler(AsyncConsumerRebalanceListener):
         side_end = self.side.highwater(TopicPartition(self.topics.repartition, task.partition))
         return side_end is None or task.repartition_position >= side_end
 
-    def _check_caught_up(self, poll_started_ms: int) -> None:
-        """After each poll: when a task's input partition is read to the high watermark a fetch just answered, the
-        remembered value is dropped and the task armed with the poll's start. kafka-python sends the next fetch for a
-        partition only once the previous answer was parsed (in that poll), so the next answer shows the log as of
-        that start or later; if it still shows the task's position, nothing more was in the partition then, and the
-        clock may move to that start. While the consumer does not fetch (paused, rebalancing, a busy thread) no
-        answer comes and the clock holds; an answer parsed late is never taken for a fresh one. Where kafka-python
-        keeps the value out of reach, the remembered one is taken as it is."""
+    def _probe_caught_up(self) -> None:
+        """Every WATERMARK_INTERVAL_S: a task that looks caught up has the high watermark its group consumer remembers
+        dropped; once a fetch answered after that brings one back and it is still at the task's position, nothing
+        more was in the partition when it was dropped (less a fetch's wait: an answer in flight then is older).
+        While the consumer does not fetch (paused, rebalancing, its thread busy) no answer comes, and the clock holds.
+        An incremental fetch session (Apache Kafka) leaves an unchanged partition out of its answers: past
+        ANSWER_WAIT_MS without one, the last value comes back and counts as an answer (the clock then trusts it, as
+        any consumer reading its last fetch would). Where kafka-python keeps the value out of reach, it is taken as
+        it is."""
+        if time.monotonic() - self._last_probe < WATERMARK_INTERVAL_S:
+            return
+        self._last_probe = time.monotonic()
         assert self.group is not None
+        now = wall_ms()
         for task in self.tasks.values():
             if task.restoring:
                 continue
             tp = TopicPartition(self.settings.topic, task.partition)
+            position = self._input_position(task)
             end = self.group.highwater(tp)
-            if end is None:
-                continue  # no answer since the last drop
-            task.highwater_seen = end
-            caught_up = self._looks_caught_up(task)
-            if caught_up and task.armed_ms is not None:
-                task.caught_up_ms = max(task.caught_up_ms, task.armed_ms)
-            if caught_up and forget_highwater(self.group, tp):
-                task.armed_ms = poll_started_ms
-            elif caught_up:
-                task.caught_up_ms = max(task.caught_up_ms, poll_started_ms)
-                task.armed_ms = None
-            else:
-                task.armed_ms = None  # records still to read
+            if end is None and task.highwater_dropped_ms is not None and task.highwater_seen is not None:
+                if now - task.highwater_dropped_ms >= ANSWER_WAIT_MS and restore_highwater(
+                    self.group, tp, task.highwater_seen
+                ):
+                    end = task.highwater_seen
+            if end is not None:
+                task.highwater_seen = end
+            if task.highwater_dropped_ms is not None and end is not None and position is not None and end <= position:
+                task.caught_up_ms = max(task.caught_up_ms, task.highwater_dropped_ms - FETCH_WAIT_MS)
+            if end is not None and self._looks_caught_up(task):
+                if forget_highwater(self.group, tp):
+                    task.highwater_dropped_ms = now
+                else:
+                    task.caught_up_ms = max(task.caught_up_ms, now)
+            elif end is not None:
+                task.highwater_dropped_ms = None  # records still to read: no claim until caught up again
 
     def _clock(self, task: Task, now: int) -> int:
         """A task's clock: its highest record timestamp, or the wall time by which a fresh fetch found its input
@@ -775,7 +783,7 @@ class Assembler(AsyncConsumerRebalanceListener):
         for task in self.tasks.values():
             tp = TopicPartition(self.settings.topic, task.partition)
             end = self.group.highwater(tp)
-            end = task.highwater_seen if end is None else end  # dropped by `_check_caught_up`: the last answer
+            end = task.highwater_seen if end is None else end  # dropped by `_probe_caught_up`: the last answer
             position = task.input_position
             if position is None:
                 try:

@@ -52,3 +52,14 @@ def forget_highwater(consumer: Any, tp: TopicPartition) -> bool:
     except (AttributeError, KeyError, TypeError):
         return False
     return consumer.highwater(tp) is None
+
+
+def restore_highwater(consumer: Any, tp: TopicPartition, highwater: int) -> bool:
+    """Put back a dropped high watermark (no answer came for it); False when it cannot be."""
+    try:
+        state = consumer._subscription.assignment[tp]
+        if state.highwater is None:
+            state.highwater = highwater
+    except (AttributeError, KeyError, TypeError):
+        return False
+    return True

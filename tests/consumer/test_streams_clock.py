@@ -11,10 +11,12 @@ import time
 from collections import defaultdict
 from types import SimpleNamespace
 
+import pytest
+
 from tracejudge.consumer.adapters import ConversationEvent, Turn
 from tracejudge.consumer.conversation.table import ConversationTable
 from tracejudge.consumer.streams import records as R
-from tracejudge.consumer.streams.assembler import Assembler, Task
+from tracejudge.consumer.streams.assembler import FETCH_WAIT_MS, Assembler, Task
 
 
 def record(kind: str, key: bytes, value: object, timestamp: int) -> SimpleNamespace:
@@ -73,35 +75,51 @@ def _assembler() -> tuple[Assembler, Task, _Consumer]:
 NOW = int(time.time() * 1000)
 
 
-def test_an_answer_seen_once_only_arms_and_the_next_one_moves_the_clock_to_the_poll_that_armed() -> None:
-    """The first answer seen may be old (parsed late: a slow step, a parked fetch): it only arms, with the start of
-    the poll that parsed it. The next answer was requested after that parse, so it shows the log as of that start:
-    the clock moves there exactly, not to when the answer was seen."""
-    assembler, task, group = _assembler()
-    assembler._check_caught_up(NOW - 5_000)  # an answer at the position: armed at that poll's start, nothing claimed
-    assert assembler._clock(task, NOW) == task.watermark_ms
-    assembler._check_caught_up(NOW - 4_000)  # no answer since: nothing changes
-    assert assembler._clock(task, NOW) == task.watermark_ms
-    group.answer(10)  # the next answer, still at the position
-    assembler._check_caught_up(NOW - 1_000)
-    assert assembler._clock(task, NOW) == NOW - 5_000
+def _check(assembler: Assembler) -> None:
+    assembler._last_probe = 0.0
+    assembler._probe_caught_up()
 
 
 def test_a_remembered_high_watermark_never_lets_wall_time_run() -> None:
     """The group consumer's last fetch said offset 10 is the end, and then it stopped fetching (a rebalance, a busy
     thread): however often the clock is checked, no answer comes, and it stays at record time."""
     assembler, task, _group = _assembler()
-    for k in range(5):
-        assembler._check_caught_up(NOW - 5_000 + k * 1_000)
-    assert assembler._clock(task, NOW) == task.watermark_ms
+    for _ in range(3):
+        _check(assembler)
+    assert assembler._clock(task, int(time.time() * 1000)) == task.watermark_ms
 
 
-def test_an_answer_with_more_records_keeps_record_time_and_disarms() -> None:
+def test_a_fetch_answered_after_the_check_moves_the_clock_to_that_check() -> None:
     assembler, task, group = _assembler()
-    assembler._check_caught_up(NOW - 5_000)
+    before = int(time.time() * 1000)
+    _check(assembler)  # drops the remembered high watermark
+    group.answer(10)  # a fetch answered: still at the position
+    _check(assembler)
+    clock = assembler._clock(task, int(time.time() * 1000))
+    assert before - FETCH_WAIT_MS <= clock <= before  # the first check, less a fetch's wait: never later
+
+
+def test_an_answer_with_more_records_keeps_record_time() -> None:
+    assembler, task, group = _assembler()
+    _check(assembler)
     group.answer(15)  # 5 more records in the partition
-    assembler._check_caught_up(NOW - 4_000)
-    assert assembler._clock(task, NOW) == task.watermark_ms
-    task.input_position = 15  # read them
-    assembler._check_caught_up(NOW - 3_000)  # the same answer again: it arms anew, claims nothing
-    assert assembler._clock(task, NOW) == task.watermark_ms
+    _check(assembler)
+    assert assembler._clock(task, int(time.time() * 1000)) == task.watermark_ms
+
+
+def test_no_answer_for_a_dropped_high_watermark_brings_the_last_one_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An incremental fetch session (Apache Kafka) leaves an unchanged partition out of its answers: after
+    ANSWER_WAIT_MS without one, the last value counts as the answer, and the clock moves to the drop (less a fetch's
+    wait) — not further, and not before."""
+    import tracejudge.consumer.streams.assembler as module
+
+    clock = {"now": NOW}
+    monkeypatch.setattr(module, "wall_ms", lambda: clock["now"])
+    assembler, task, _group = _assembler()
+    _check(assembler)  # dropped at NOW
+    clock["now"] = NOW + module.ANSWER_WAIT_MS - 1
+    _check(assembler)
+    assert assembler._clock(task, clock["now"]) == task.watermark_ms  # still waiting for an answer
+    clock["now"] = NOW + module.ANSWER_WAIT_MS
+    _check(assembler)
+    assert assembler._clock(task, clock["now"]) == NOW - module.FETCH_WAIT_MS

@@ -87,11 +87,6 @@ def stop(process: subprocess.Popen, how: str) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-@pytest.mark.xfail(
-    strict=False,
-    reason="flaky since every replica makes a startup judge call: in one of three clean-clone runs the last replicas "
-    "judged nothing within the wait (issue 22 stays open for it); passes in the others",
-)
 def test_replicas_join_leave_and_die_without_losing_or_fragmenting(
     broker: EmbeddedBroker, judge_server: JudgeServer, tmp_path: Path
 ) -> None:

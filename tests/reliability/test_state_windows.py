@@ -224,8 +224,9 @@ class TraceKeyed(SpanExporter):
 
 @pytest.mark.xfail(
     strict=False,
-    reason="stalled once in the last clean-clone run (no judgement after a replica restarted among three), with the "
-    "chaos test: under investigation, issue 22 stays open; passed in every earlier run",
+    reason="timing-sensitive on a loaded 2-core machine: its stalls were Tansu's coordinator wedging on a LeaveGroup "
+    "(fixed: no LeaveGroup on close) and the clock's high-watermark check (fixed today); kept non-strict until it "
+    "has passed a run of clean-clone CI",
 )
 def test_trace_keyed_spans_with_three_replicas_and_a_restart(
     broker: EmbeddedBroker, judge_server: JudgeServer, tmp_path: Path
