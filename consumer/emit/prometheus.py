@@ -361,6 +361,7 @@ class ConsumerMetrics:
         for judge in judges:
             labels = {"metric": judge.name, "model": judge.model_name, "rubric_version": judge.rubric_version}
             self.judge_info.labels(**labels).set(1)
+            self.tier_fallbacks.labels(metric=judge.name, model=judge.model_name)  # 0 until one: rate() is 0, not empty
 
     def record_judgement(self, judgement: Judgement) -> None:
         agent = self._agent(judgement.job.agent)

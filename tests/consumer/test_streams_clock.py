@@ -72,9 +72,6 @@ def _assembler() -> tuple[Assembler, Task, _Consumer]:
     return assembler, task, group
 
 
-NOW = int(time.time() * 1000)
-
-
 def _check(assembler: Assembler) -> None:
     assembler._last_probe = 0.0
     assembler._probe_caught_up()
@@ -113,13 +110,14 @@ def test_no_answer_for_a_dropped_high_watermark_brings_the_last_one_back(monkeyp
     wait) — not further, and not before."""
     import tracejudge.consumer.streams.assembler as module
 
-    clock = {"now": NOW}
+    now = int(time.time() * 1000)
+    clock = {"now": now}
     monkeypatch.setattr(module, "wall_ms", lambda: clock["now"])
-    assembler, task, _group = _assembler()
-    _check(assembler)  # dropped at NOW
-    clock["now"] = NOW + module.ANSWER_WAIT_MS - 1
+    assembler, task, _group = _assembler()  # its record clock a minute behind `now`
+    _check(assembler)  # dropped at `now`
+    clock["now"] = now + module.ANSWER_WAIT_MS - 1
     _check(assembler)
     assert assembler._clock(task, clock["now"]) == task.watermark_ms  # still waiting for an answer
-    clock["now"] = NOW + module.ANSWER_WAIT_MS
+    clock["now"] = now + module.ANSWER_WAIT_MS
     _check(assembler)
-    assert assembler._clock(task, clock["now"]) == NOW - module.FETCH_WAIT_MS
+    assert assembler._clock(task, clock["now"]) == now - module.FETCH_WAIT_MS
