@@ -104,7 +104,7 @@ def run_tier(broker: EmbeddedBroker, topic: str, judge_server: JudgeServer, tier
         spent = consumer.app.service.pool.budget.spent()
         batches = consumer.value("tracejudge_judge_batches_total", event="submitted")
         cost_metric = sum(
-            consumer.value("tracejudge_judge_cost_usd_total", metric=m, model="gpt-5-mini")
+            consumer.value("tracejudge_judge_cost_usd_total", metric=m, model="gpt-5-mini", purpose="live")
             for m in ("failure_rate", "conversational_flow")
         )
     return collect, delay_sum / max(1, delay_count), delay_count, spent, cost_metric, batches

@@ -108,7 +108,8 @@ def fold(value: bytes) -> None:
         job = dispatch.job
         queued = R.loads(R.dumps(R.job_to_json(job, sampled=True, completed_ms=dispatch.completed_ms)))
         again, sampled, completed_ms = R.job_from_json(queued, key=job.key, partition=0)
-        assert again == replace(job, partition=0) and sampled and completed_ms == dispatch.completed_ms
+        assert again == replace(job, partition=0, completed_ms=completed_ms) and sampled
+        assert completed_ms == dispatch.completed_ms
         again.judgeable_turns  # noqa: B018
         result = MetricResult(name="failure_rate", threshold=0.5, model="m", score=1.0, verdict="honest_fallback")
         json.dumps(result_record(Judgement(again, "judged", [result]), result))
