@@ -166,7 +166,9 @@ class ConsumerService:
         finally:
             probe.close()
 
-    def _ensure_topics(self, partitions: int) -> None:
+    @contextmanager
+    def _admin(self) -> Iterator[KafkaAdminClient]:
+        """An admin client with the user's Kafka options, closed afterwards (internal topics are created with it)."""
         config = {
             k: v
             for k, v in self.settings.kafka_config.items()
@@ -178,9 +180,13 @@ class ConsumerService:
             **{"reconnect_backoff_max_ms": RECONNECT_BACKOFF_MAX_MS, **config},
         )
         try:
-            ensure_internal_topics(admin, self.topics, partitions)
+            yield admin
         finally:
             admin.close()
+
+    def _ensure_topics(self, partitions: int) -> None:
+        with self._admin() as admin:
+            ensure_internal_topics(admin, self.topics, partitions)
 
     # -- run -------------------------------------------------------------------------------------------------------
 
@@ -260,20 +266,8 @@ class ConsumerService:
                 coordinators[id(coordinator)] = coordinator
         if not coordinators:
             return
-        admin_config = {
-            k: v
-            for k, v in self.settings.kafka_config.items()
-            if k in KafkaAdminClient.DEFAULT_CONFIG and k != "client_id"
-        }
-        admin = KafkaAdminClient(
-            bootstrap_servers=self.settings.bootstrap_servers,
-            client_id="tracejudge-admin",
-            **{"reconnect_backoff_max_ms": RECONNECT_BACKOFF_MAX_MS, **admin_config},
-        )
-        try:
+        with self._admin() as admin:
             ensure_batches_topic(admin, batches_topic(self.settings.group_id))
-        finally:
-            admin.close()
         store = KafkaBatchStore(
             self.settings, consumer_factory=self.consumer_factory, producer_factory=self.producer_factory
         )
