@@ -89,7 +89,8 @@ async def judge_items(
     async def run(item: GoldItem, judge: HolisticJudgeMetric) -> Outcome:
         async with slots:
             await bucket.acquire()
-            if spend.reserve():  # decided as in `consume`: spent + in-flight estimates + this call's estimate
+            # decided as in `consume`: spent + in-flight estimates + this call's estimate
+            if spend.reserve(prior=judge.estimated_cost(item.case())):
                 cost: float | None = None
                 try:
                     result = await judge.evaluate(item.case())

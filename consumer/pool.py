@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 import threading
 import time
@@ -64,8 +65,9 @@ class SpendWindow:
     The budget is decided when a call is about to be made: `reserve()` admits it only if what was spent, plus an
     estimate for every call in flight, plus an estimate for this call stays within the budget; `settle()` replaces the
     estimate with the real cost. The estimate is the mean cost of the last settled calls that cost something (a failed
-    call's zero would lower it); before any call settled it is unknown (zero), so the overshoot is at most the calls
-    in flight at that moment.
+    call's zero would lower it); before any call settled it is the call's own `prior`
+    (`HolisticJudgeMetric.estimated_cost`: at the batch tier its prompt at the batch price, where the first settle can
+    be an hour away; elsewhere 0, so the overshoot is at most the calls in flight at that moment).
     """
 
     def __init__(self, max_per_hour: float | None, window_s: float = 3600.0, *, sample: int = 64) -> None:
@@ -103,10 +105,11 @@ class SpendWindow:
         with self._lock:
             return sum(self._recent) / len(self._recent) if self._recent else 0.0
 
-    def reserve(self, *, force: bool = False) -> bool:
-        """Admit one call now (True) or refuse it for budget (False); `force` admits it anyway (still counted)."""
+    def reserve(self, *, force: bool = False, prior: float = 0.0) -> bool:
+        """Admit one call now (True) or refuse it for budget (False); `force` admits it anyway (still counted).
+        `prior`: the call's own estimate (its prompt at the tier's prices), used until a call has settled."""
         with self._lock:
-            estimate = sum(self._recent) / len(self._recent) if self._recent else 0.0
+            estimate = sum(self._recent) / len(self._recent) if self._recent else prior
             committed = self._spent() + self._in_flight * estimate
             if not force and self.max_per_hour is not None and committed + estimate > self.max_per_hour:
                 self.refused += 1
@@ -227,7 +230,10 @@ class JudgePool:
         budget = self.budget if budget is None else budget
         async with self._slots:
             await self.bucket.acquire()
-            if not budget.reserve(force=force):
+            if budget.max_per_hour is not None and budget.estimate == 0:
+                with contextlib.suppress(Exception):  # a failed import is the call's own failure, reported by it
+                    await judge.backend.warm_up()  # the prior estimate reads LiteLLM's price map
+            if not budget.reserve(force=force, prior=judge.estimated_cost(case)):
                 return None
             self.in_flight += 1
             cost: float | None = None

@@ -20,6 +20,7 @@ from ._caching import cacheable_system_prompt
 from ._cases import ConversationalEvalTestCase
 from ._errors import InvalidJudgeAnswer, JudgeCallError
 from ._llm import (
+    _LITELLM_IMPORTED,
     TIER_FALLBACKS,
     CustomLLMClient,
     JudgeBackend,
@@ -235,6 +236,9 @@ class _Preparations:
 PREPARATIONS = _Preparations()
 
 
+ESTIMATED_ANSWER_TOKENS = 400  # a verdict, its evidence and a reason: what the budget expects before it has seen one
+
+
 class HolisticJudgeMetric:
     """One LLM call over the whole conversation returns one verdict from a fixed label set, mapped to a score."""
 
@@ -326,6 +330,31 @@ class HolisticJudgeMetric:
             {"role": "system", "content": self.effective_system_prompt},
             {"role": "user", "content": user_message(transcript)},
         ]
+
+    def estimated_cost(self, conversation: ConversationalEvalTestCase) -> float:
+        """What the budget reserves for a call at the batch tier before any call has settled: the rubric and the
+        turns at ~4 characters a token and an answer of `ESTIMATED_ANSWER_TOKENS`, at the batch price. A batch
+        settles minutes to hours after its requests were reserved; reserved at zero, a whole batch would pass a
+        budget worth one call. The interactive tiers settle in seconds (overshoot bounded by the concurrency): 0."""
+        from .tiers import TIER_BATCH, tier_cost
+
+        if (
+            getattr(self.backend, "tier", None) != TIER_BATCH
+            or self._litellm_model is None
+            or not _LITELLM_IMPORTED.is_set()  # never LiteLLM's import on the event loop
+        ):
+            return 0.0
+        chars = len(self.effective_system_prompt) + sum(
+            len(turn.input or "") + len(turn.actual_output or "") for turn in conversation.turns
+        )
+        tokens = min(chars // 4, self.transcript_budget_tokens + len(self.effective_system_prompt) // 4)
+        try:
+            cost = tier_cost(
+                self._litellm_model, TIER_BATCH, input_tokens=tokens, output_tokens=ESTIMATED_ANSWER_TOKENS
+            )
+        except Exception:  # a price map that cannot be read: the budget learns from the first settled call
+            return 0.0
+        return cost or 0.0
 
     def _corrective_messages(self, messages: list[dict[str, str]], bad: str, problem: str) -> list[dict[str, str]]:
         allowed = ", ".join(sorted(self.labels))

@@ -26,6 +26,7 @@ from tracejudge.tracer.rate_limited_log import RateLimitedLog
 
 from ._errors import JudgeCallError
 from ._llm import (
+    _LITELLM_IMPORTED,
     JudgeBackend,
     JudgeReply,
     LiteLLMBackend,
@@ -614,6 +615,8 @@ def _batch_errors(status: Any) -> str:
 class BatchBackend(JudgeBackend):
     """A judge call at the batch tier: the standard request body, answered through a `BatchCoordinator`."""
 
+    tier = TIER_BATCH
+
     def __init__(self, model: str, coordinator: BatchCoordinator) -> None:
         self.model_name = model
         self.litellm_model = litellm_model_string(model)
@@ -623,7 +626,8 @@ class BatchBackend(JudgeBackend):
         self._temperature: bool | None = None
 
     async def warm_up(self) -> None:
-        await asyncio.to_thread(_import_litellm)
+        if not _LITELLM_IMPORTED.is_set():
+            await asyncio.to_thread(_import_litellm)
 
     def _takes_temperature(self, model: str) -> bool:
         """What the standard tier sends, decided by LiteLLM (`drop_params`): gpt-5 reasoning models refuse

@@ -52,6 +52,12 @@ class StreamsInstruments:
             ["partition"],
             registry=registry,
         )
+        self.duplicate_jobs = Counter(
+            "tracejudge_duplicate_jobs_total",
+            "Judge jobs for a transcript this worker had judged or was judging (a replay after a crash or rebalance):"
+            " given that verdict instead of paying for another",
+            registry=registry,
+        )
         for reason in FORGOTTEN_REASONS:
             self.forgotten.labels(reason=reason)
         for route in ("local", "repartition"):

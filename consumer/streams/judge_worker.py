@@ -14,6 +14,7 @@ import logging
 import queue
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -25,11 +26,12 @@ from kafka.structs import OffsetAndMetadata
 from tracejudge.tracer.rate_limited_log import RateLimitedLog
 
 from ..adapters import Feedback
+from ..conversation.job import JudgeJob
 from ..delivery import Delivery
 from ..emit.prometheus import ConsumerMetrics
 from ..feedback import FeedbackJoiner
 from ..offsets import OffsetTracker
-from ..pool import OUTCOME_SAMPLED_OUT, Judgement, JudgePool
+from ..pool import OUTCOME_JUDGED, OUTCOME_SAMPLED_OUT, Judgement, JudgePool
 from ..settings import Settings
 from . import records as R
 from .instruments import StreamsInstruments
@@ -38,6 +40,7 @@ from .probe import HighwaterProbe
 from .topics import InternalTopics
 
 logger = logging.getLogger("tracejudge.consumer.judges")
+SETTLED_MEMORY = 65_536  # transcripts whose verdicts this worker remembers, to answer a replayed job without a call
 
 
 class JudgeWorker(AsyncConsumerRebalanceListener):
@@ -78,6 +81,10 @@ class JudgeWorker(AsyncConsumerRebalanceListener):
         self._ack_failed = False
         self._unacknowledged: queue.SimpleQueue[Judgement] = queue.SimpleQueue()
         self._flush_timed_out = False
+        # A crash between a job's send and the assembler's commit replays the conversation into a second job for the
+        # same transcript (same content id, so same result id): answered from here, not judged (and paid) again.
+        self._settled: OrderedDict[str, str] = OrderedDict()  # content id → outcome delivered by this worker
+        self._following: dict[str, tuple[str, list[JudgeJob]]] = {}  # content id in flight → (its job, later copies)
         self._lag_reported: set[int] = set()
         self.joined = threading.Event()
         self.share_budget()
@@ -202,10 +209,40 @@ class JudgeWorker(AsyncConsumerRebalanceListener):
             self._log.warning("unreadable judge-queue record at %d/%d skipped: %r", partition, record.offset, exc)
             return
         self.offsets.hold(job.key, partition, record.offset)
-        if sampled:
+        if sampled and self._duplicate(job):
+            self.instruments.duplicate_jobs.inc()
+        elif sampled:
             self.pool.submit(job)
         else:
             self.delivery.not_judged(Judgement(job, OUTCOME_SAMPLED_OUT))
+
+    def _duplicate(self, job: JudgeJob) -> bool:
+        """A job for a transcript judged or being judged here is answered with that verdict; else it is the first."""
+        if not job.content_id:
+            return False
+        if job.content_id in self._following:
+            self._following[job.content_id][1].append(job)
+            return True
+        outcome = self._settled.get(job.content_id)
+        if outcome is not None:
+            self._settled.move_to_end(job.content_id)
+            self._finished(Judgement(job, outcome))
+            return True
+        self._following[job.content_id] = (job.key, [])
+        return False
+
+    def _settle(self, judgement: Judgement) -> list[JudgeJob]:
+        """Remember a delivered verdict; the copies that waited for it."""
+        job = judgement.job
+        entry = self._following.get(job.content_id)
+        if entry is None or entry[0] != job.key:
+            return []
+        del self._following[job.content_id]
+        if judgement.outcome == OUTCOME_JUDGED:
+            self._settled[job.content_id] = judgement.outcome
+            while len(self._settled) > SETTLED_MEMORY:
+                self._settled.popitem(last=False)
+        return entry[1]
 
     def _feedback(self, conversation_id: str, value: dict[str, Any]) -> None:
         feedback = Feedback(**value["feedback"])
@@ -218,6 +255,8 @@ class JudgeWorker(AsyncConsumerRebalanceListener):
         """Its outputs are durable: tell the conversation's owner the outcome; the job's offset may be committed once
         that acknowledgement is itself acknowledged (a failed one is sent again at the next step)."""
         job = judgement.job
+        for copy in self._settle(judgement):
+            self._finished(Judgement(copy, judgement.outcome))
         assert self.producer is not None
         value = R.dumps({"content_id": job.content_id, "outcome": judgement.outcome})
         producer = self.producer

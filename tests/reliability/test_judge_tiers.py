@@ -265,3 +265,47 @@ def test_an_expired_batch_is_resubmitted_once_through_the_consumer(
     # 10 answered before the first expiry, 10 of the 20 resubmitted before the second; the last 10 fail, counted.
     assert (len(judged), len(expired), errors) == (20, 10, 10.0)
     assert len(judge_server.batch.created) == 2 and events == {"resubmitted": 1.0, "expired": 1.0}
+
+
+def test_a_budget_holds_at_the_batch_tier_before_any_batch_settled(
+    broker: EmbeddedBroker, topic: str, judge_server: JudgeServer
+) -> None:
+    """A batch settles minutes to hours after its requests were reserved: until then the budget reserves each
+    request at its own estimate (prompt at the batch price), not at an unknown zero that would let a whole batch
+    through a budget worth three calls."""
+    from tracejudge.metrics import ConversationalEvalTestCase, EvalTestCase, FailureRateMetric
+    from tracejudge.metrics._llm import LiteLLMBackend
+
+    judge_server.responder = lambda request: Reply(
+        content=json.dumps({"verdict": LABELS[number_of(request) % 6], "evidence": [], "reason": "r"})
+    )
+    _import_litellm()
+    judge = FailureRateMetric(LiteLLMBackend("gpt-5-mini", tier=TIER_BATCH))
+    case = ConversationalEvalTestCase(
+        name="x", turns=[EvalTestCase(input="tier question 10 about things", actual_output="answer 10")]
+    )
+    per_call = judge.estimated_cost(case)
+    assert per_call > 0
+    collect = Collect()
+    settings = consumer_settings(
+        broker.bootstrap_servers,
+        topic,
+        judge_model="gpt-5-mini",
+        judge_tier="batch",
+        metrics=["failure_rate"],
+        judge_batch_wait=1.0,
+        judge_batch_poll=0.2,
+        max_cost_per_hour=per_call * 3.5,
+        session_idle_timeout=1.0,
+    )
+    with RunningConsumer(settings, extra_sinks=[collect]) as consumer:
+        assert consumer.app.service.assigned.wait(60), "partitions not assigned"
+        play(traced_app(broker.bootstrap_servers, topic), conversations("bud", 20))
+        wait_for(lambda: len(collect.ids()) >= 20, timeout=60, what="every conversation has its outcome")
+        judged, skipped = consumer.sessions("judged"), consumer.sessions("skipped_budget")
+    lines = sum(
+        len(judge_server.batch.files[judge_server.batch.batches[b]["input_file_id"]]["content"].splitlines())
+        for b in judge_server.batch.created
+    )
+    assert (judged, skipped) == (3, 17), (judged, skipped)
+    assert lines == 3  # three requests paid for, not twenty

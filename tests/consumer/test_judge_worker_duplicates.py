@@ -1,0 +1,118 @@
+"""A replayed judge job (a crash between the job's send and the assembler's commit re-completes the conversation)
+is answered with the verdict this worker gave the same transcript: one judge call, every copy's offset committable.
+
+Kafka-free: the worker's record path with a fake pool and producer; the real processes are in
+tests/reliability/test_crash.py (whose duplicate bound this keeps)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from tracejudge.consumer.adapters import Turn
+from tracejudge.consumer.conversation.job import JudgeJob
+from tracejudge.consumer.emit.prometheus import ConsumerMetrics
+from tracejudge.consumer.pool import OUTCOME_FAILED, OUTCOME_JUDGED, Judgement
+from tracejudge.consumer.settings import Settings
+from tracejudge.consumer.streams import records as R
+from tracejudge.consumer.streams.instruments import StreamsInstruments
+from tracejudge.consumer.streams.judge_worker import JudgeWorker
+
+
+class _Future:
+    def add_callback(self, fn: Any) -> _Future:
+        fn(None)
+        return self
+
+    def add_errback(self, fn: Any) -> _Future:
+        return self
+
+
+class Producer:
+    def __init__(self) -> None:
+        self.acks: list[tuple[str, str]] = []  # (content id, outcome) of every verdict acknowledgement
+
+    def send(self, topic: str, *, value: bytes, **_: Any) -> _Future:
+        body = json.loads(value)
+        self.acks.append((body["content_id"], body["outcome"]))
+        return _Future()
+
+
+class Pool:
+    max_concurrency = 4
+
+    def __init__(self) -> None:
+        self.submitted: list[JudgeJob] = []
+
+    def submit(self, job: JudgeJob) -> None:
+        self.submitted.append(job)
+
+
+@dataclass
+class Record:
+    offset: int
+    value: bytes
+    headers: Any = None
+    key: bytes = b"c"
+
+    def __post_init__(self) -> None:
+        self.headers = R.header(R.JOB)
+
+
+def job_record(offset: int, content_id: str) -> Record:
+    job = JudgeJob(
+        key="",
+        conversation_id="c",
+        agent="a",
+        partition=0,
+        version=1,
+        turns=(Turn("s0", "t", "", 1, 2, "q", "a", index=0),),
+        has_error=False,
+        negative_feedback=False,
+        truncated=False,
+        completed_by="ended",
+        content_id=content_id,
+    )
+    return Record(offset, R.dumps(R.job_to_json(job, sampled=True, completed_ms=1)))
+
+
+def worker() -> tuple[JudgeWorker, Pool, Producer, StreamsInstruments]:
+    registry = CollectorRegistry()
+    instruments = StreamsInstruments(registry)
+    pool, producer = Pool(), Producer()
+    settings = Settings.from_options(topic="spans", group_id="g")
+    judges = JudgeWorker(settings, pool, None, ConsumerMetrics(registry), instruments, partitions=1)  # type: ignore[arg-type]
+    judges.producer = producer  # type: ignore[assignment]
+    return judges, pool, producer, instruments
+
+
+def test_a_copy_read_while_judging_waits_for_that_verdict_and_a_later_copy_gets_it_at_once() -> None:
+    judges, pool, producer, instruments = worker()
+    judges._record(0, job_record(5, "x"))
+    judges._record(0, job_record(9, "x"))  # the replay's copy, while the first is in flight
+    assert [job.key for job in pool.submitted] == ["0:5"]
+    judges.offsets.consumed(0, 10)
+    assert judges.offsets.committable() == {0: 5}
+    judges._finished(Judgement(pool.submitted[0], OUTCOME_JUDGED))
+    assert producer.acks == [("x", "judged"), ("x", "judged")]
+    assert judges.offsets.committable() == {0: 10}  # both copies released
+    judges._record(0, job_record(12, "x"))  # a copy read after the verdict
+    judges.offsets.consumed(0, 13)
+    assert len(pool.submitted) == 1 and producer.acks[-1] == ("x", "judged")
+    assert judges.offsets.committable() == {0: 13}
+    assert instruments.duplicate_jobs._value.get() == 2
+    judges._record(0, job_record(13, "y"))  # another transcript is judged
+    assert [job.content_id for job in pool.submitted] == ["x", "y"]
+
+
+def test_a_failed_verdict_is_shared_by_its_waiting_copies_but_not_remembered() -> None:
+    judges, pool, producer, _ = worker()
+    judges._record(0, job_record(1, "x"))
+    judges._record(0, job_record(2, "x"))
+    judges._finished(Judgement(pool.submitted[0], OUTCOME_FAILED))
+    assert producer.acks == [("x", "failed"), ("x", "failed")]
+    judges._record(0, job_record(3, "x"))  # a failure is not a verdict: a later copy is judged
+    assert [job.key for job in pool.submitted] == ["0:1", "0:3"]
