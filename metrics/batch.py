@@ -59,8 +59,10 @@ ENDPOINT = "/v1/chat/completions"
 METADATA_KEY = "tracejudge_batch"
 # How long a submitted batch is remembered (and polled again after a restart): past the provider's 24 h window.
 RECORD_RETENTION_S = 3 * 86_400.0
-# An answered batch matters after a restart only for judgements delivered but not yet committed (seconds).
+# An answered batch matters after a restart only for judgements delivered but not yet committed (seconds): it is
+# remembered this long after it was answered (not after it was created: a batch can take hours), then tombstoned.
 DONE_RETENTION_S = 3_600.0
+SWEEP_INTERVAL_S = 60.0
 # A batch another replica recorded without its provider id yet is looked up by its metadata only after this long.
 LOOKUP_AFTER_S = 120.0
 _TERMINAL_OK = "completed"
@@ -75,6 +77,10 @@ class BatchStore(Protocol):
 
     def load(self) -> list[dict[str, Any]]: ...
 
+    def forget(self, key: str) -> None:
+        """The batch no longer matters (answered long ago, abandoned, past the provider's window): a tombstone."""
+        ...
+
 
 class MemoryBatchStore:
     """Not durable: for the library used without a consumer (a notebook), and tests of the coordinator alone."""
@@ -87,6 +93,9 @@ class MemoryBatchStore:
 
     def load(self) -> list[dict[str, Any]]:
         return list(self.records.values())
+
+    def forget(self, key: str) -> None:
+        self.records.pop(key, None)
 
 
 def batch_provider(litellm_model: str) -> str:
@@ -120,6 +129,7 @@ class _Batch:
     attempt: int = 1
     created: float = field(default_factory=time.time)
     state: str = "submitting"
+    done_at: float | None = None  # when its answers were handed out (state done or resubmitted)
     learnt: bool = False  # written by another replica while this one runs (it may still be creating it)
 
     def record(self, model: str) -> dict[str, Any]:
@@ -130,6 +140,7 @@ class _Batch:
             "batch_id": self.batch_id,
             "attempt": self.attempt,
             "created": self.created,
+            "done_at": self.done_at,
             "custom_ids": self.custom_ids,
         }
 
@@ -169,6 +180,8 @@ class BatchCoordinator:
         self._results: OrderedDict[str, JudgeReply | JudgeCallError] = OrderedDict()
         self._known: dict[str, str] = {}  # custom_id → key of the batch it is in
         self._answered: dict[str, dict[str, Any]] = {}  # custom_id → record of a recent batch already answered
+        self._retired: dict[str, tuple[float, list[str]]] = {}  # key of an answered batch → (answered at, its ids)
+        self._swept = 0.0
         self._batches: dict[str, _Batch] = {}
         self._timer: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -240,7 +253,10 @@ class BatchCoordinator:
         """A recorded batch: poll it (again) unless this process already does, or it is too old to matter. A batch
         already answered is only indexed: its output is read again if one of its requests is asked for (a replay)."""
         key = str(record.get("key"))
-        if record.get("model") != self.litellm_model or record.get("state") == "abandoned":
+        if record.get("model") != self.litellm_model:
+            return
+        if record.get("state") == "abandoned":
+            self._tombstone(key)
             return
         known = self._batches.get(key)
         if known is not None:  # a later record of a batch followed here: the provider's id, once written
@@ -249,11 +265,14 @@ class BatchCoordinator:
             return
         age = time.time() - float(record.get("created") or 0)
         if age > RECORD_RETENTION_S:
+            self._tombstone(key)
             return
         if record.get("state") in ("done", "resubmitted") and not now:
-            if age <= DONE_RETENTION_S:
-                for cid in record.get("custom_ids") or []:
-                    self._answered[cid] = record
+            done_at = float(record.get("done_at") or record.get("created") or 0)
+            if time.time() - done_at <= DONE_RETENTION_S:
+                self._index_answered(key, done_at, record)
+            else:
+                self._tombstone(key)
             return
         for cid in record.get("custom_ids") or []:
             self._answered.pop(cid, None)
@@ -278,6 +297,51 @@ class BatchCoordinator:
             len(batch.custom_ids),
         )
         self._spawn(self._guarded(batch, self._follow(batch)))
+
+    def _index_answered(self, key: str, done_at: float, record: dict[str, Any]) -> None:
+        cids = [str(cid) for cid in record.get("custom_ids") or []]
+        for cid in cids:
+            self._answered[cid] = record
+        self._retired[key] = (done_at, cids)
+
+    def _retire(self, batch: _Batch) -> None:
+        """Answered: no longer followed nor held with its bodies; indexed (for a replay) until DONE_RETENTION_S."""
+        self._batches.pop(batch.key, None)
+        batch.bodies = {}
+        record = batch.record(self.litellm_model)
+        record["custom_ids"] = [cid for cid in batch.custom_ids if self._known.get(cid) in (None, batch.key)]
+        self._index_answered(batch.key, batch.done_at or time.time(), record)
+        self._sweep()
+
+    def _sweep(self) -> None:
+        """Answered batches past DONE_RETENTION_S: forgotten here and tombstoned in the store (at most once a
+        minute), so neither the index nor the compacted topic grows with every batch ever made."""
+        now = time.time()
+        if now - self._swept < SWEEP_INTERVAL_S:
+            return
+        self._swept = now
+        for key, (done_at, cids) in list(self._retired.items()):
+            if now - done_at <= DONE_RETENTION_S:
+                continue
+            del self._retired[key]
+            for cid in cids:
+                if self._answered.get(cid, {}).get("key") == key:
+                    del self._answered[cid]
+            self._tombstone(key)
+
+    def _tombstone(self, key: str) -> None:
+        store = self._store
+        forget = getattr(store, "forget", None)
+        if forget is None or self._loop is None:
+            return
+
+        async def write() -> None:
+            try:
+                await asyncio.to_thread(forget, key)
+            except Exception as exc:
+                self._log.warning("tombstoning judge batch %s failed: %r (done again at the next start)", key, exc)
+
+        self._spawn(write())
 
     def _spawn(self, coroutine: Any) -> None:
         assert self._loop is not None
@@ -341,6 +405,7 @@ class BatchCoordinator:
             except Exception:
                 logger.exception("recording an abandoned judge batch failed")
             self._finish(batch, {}, JudgeCallError(error.kind, f"batch not submitted: {error}", retryable=False))
+            self._batches.pop(batch.key, None)
             return
         await self._follow(batch)
 
@@ -425,6 +490,8 @@ class BatchCoordinator:
                     continue
                 if batch.state == "resubmitted":  # resumed: its unanswered requests are in a later batch
                     self._finish(batch, answers, None)
+                    batch.done_at = batch.done_at or time.time()
+                    self._retire(batch)
                     return
                 if state == _TERMINAL_OK or state == "failed":
                     reason = _batch_errors(status) if state == "failed" else "missing from the batch's output"
@@ -432,8 +499,7 @@ class BatchCoordinator:
                     self._finish(
                         batch, answers, JudgeCallError(kind, f"judge batch {state}: {reason}", retryable=False)
                     )
-                    batch.state = "done"
-                    await self._save_quietly(batch)
+                    await self._done(batch, "done")
                     return
                 left = [cid for cid in batch.custom_ids if cid not in answers and cid in batch.bodies]
                 if batch.attempt == 1:
@@ -441,8 +507,13 @@ class BatchCoordinator:
                     for cid in batch.custom_ids:  # nobody waits for these now: a later call submits them anew
                         if cid not in answers and cid not in batch.bodies and self._known.get(cid) == batch.key:
                             del self._known[cid]
-                    batch.state = "resubmitted"
-                    await self._save_quietly(batch)
+                    bodies = {cid: batch.bodies[cid] for cid in left}
+                    retry = _Batch(key=uuid.uuid4().hex, custom_ids=left, bodies=bodies, attempt=2)
+                    for cid in left:  # before this batch retires, so a call asking meanwhile waits for the retry
+                        self._known[cid] = retry.key
+                    if left:
+                        self._batches[retry.key] = retry
+                    await self._done(batch, "resubmitted")
                     if not left:
                         return
                     logger.warning(
@@ -451,15 +522,6 @@ class BatchCoordinator:
                         state,
                         len(left),
                     )
-                    retry = _Batch(
-                        key=uuid.uuid4().hex,
-                        custom_ids=left,
-                        bodies={cid: batch.bodies[cid] for cid in left},
-                        attempt=2,
-                    )
-                    self._batches[retry.key] = retry
-                    for cid in left:
-                        self._known[cid] = retry.key
                     self._spawn(self._guarded(retry, self._submit_and_follow(retry)))
                     return
                 self._event("expired")
@@ -475,10 +537,14 @@ class BatchCoordinator:
                     answers,
                     JudgeCallError(ERROR_BATCH_EXPIRED, f"judge batch {state} after one resubmission", retryable=False),
                 )
-                batch.state = "done"
-                await self._save_quietly(batch)
+                await self._done(batch, "done")
                 return
             await asyncio.sleep(self.poll_s)
+
+    async def _done(self, batch: _Batch, state: str) -> None:
+        batch.state, batch.done_at = state, time.time()
+        await self._save_quietly(batch)
+        self._retire(batch)
 
     async def _save_quietly(self, batch: _Batch) -> None:
         try:

@@ -75,6 +75,12 @@ class KafkaBatchStore:
         with self._lock:
             self._records[record["key"]] = dict(record)
 
+    def forget(self, key: str) -> None:
+        """A tombstone: compaction drops the batch's records; every replica forgets it as it reads this."""
+        self._producer.send(self.topic, key=key.encode(), value=None, headers=R.header(BATCH), partition=0).get(30)
+        with self._lock:
+            self._records.pop(key, None)
+
     def load(self) -> list[dict[str, Any]]:
         """Every batch recorded so far: the topic read to its end (a fetch returning nothing at the high watermark);
         once `follow` runs, its thread reads (a consumer is not shared between threads)."""
@@ -100,7 +106,9 @@ class KafkaBatchStore:
         new = []
         for records in batches.values():
             for record in records:
-                if record.value is None:
+                if record.value is None:  # a tombstone
+                    with self._lock:
+                        self._records.pop(record.key.decode("utf-8", "replace") if record.key else "", None)
                     continue
                 try:
                     value = R.loads(record.value)

@@ -210,3 +210,57 @@ async def test_a_replay_after_the_batch_was_answered_reads_its_output_again(judg
     replayed = await batch_metric(again).evaluate(conversation(4))
     assert (replayed.verdict, replayed.cost_usd) == (first.verdict, first.cost_usd)
     assert again.submissions == 0 and len(judge_server.batch.created) == 1
+
+
+async def done_record(store: MemoryBatchStore) -> None:
+    for _ in range(250):  # recorded done just after the answers were handed out (5 s deadline)
+        if [r["state"] for r in store.load()] == ["done"]:
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"not recorded done: {store.load()}")
+
+
+async def test_asked_again_in_the_same_process_after_its_batch_was_answered_is_not_paid_twice(
+    judge_server: JudgeServer,
+) -> None:
+    """A partition revoked and handed back: its job is read again by the process that judged it. The answered
+    batch is no longer followed nor held in memory with its bodies, yet the replay reads its output again."""
+    judge_server.responder = scripted
+    store = MemoryBatchStore()
+    coord = coordinator(store)
+    first = await batch_metric(coord).evaluate(conversation(3))
+    await done_record(store)
+    assert coord._batches == {}  # not followed, its request bodies not kept
+    replayed = await batch_metric(coord).evaluate(conversation(3))
+    assert (replayed.verdict, replayed.cost_usd) == (first.verdict, first.cost_usd)
+    assert coord.submissions == 1 and len(judge_server.batch.created) == 1
+
+
+async def test_an_answered_batch_is_remembered_from_its_answer_not_its_creation_then_tombstoned(
+    judge_server: JudgeServer,
+) -> None:
+    from tracejudge.metrics.batch import DONE_RETENTION_S
+
+    judge_server.responder = scripted
+    store = MemoryBatchStore()
+    await batch_metric(coordinator(store)).evaluate(conversation(5))
+    await done_record(store)
+    (record,) = store.load()
+    answered_at = record["done_at"]
+    record["created"] -= 2 * DONE_RETENTION_S  # a batch that took two hours: answered just now
+    again = coordinator(store)
+    await batch_metric(again).evaluate(conversation(5))
+    assert again.submissions == 0  # its output read again, not paid for twice
+    for _ in range(250):  # written again by the replay's reading
+        if store.load()[0]["done_at"] != answered_at:
+            break
+        await asyncio.sleep(0.02)
+    (record,) = store.load()
+    record["done_at"] -= 2 * DONE_RETENTION_S  # answered two hours ago: nothing can replay it any more
+    later = coordinator(store)
+    await later._ready()
+    for _ in range(100):
+        if not store.load():
+            break
+        await asyncio.sleep(0.02)
+    assert store.load() == []  # tombstoned: the compacted topic does not grow with every batch ever made
