@@ -54,13 +54,20 @@ BATCH_CALL_TIMEOUT_S = 2 * 86_400.0 + 3_600.0
 
 
 def tier_problem(settings: Settings) -> str | None:
-    """Why the judge model cannot be judged at --judge-tier (None: it can); imports nothing heavy."""
+    """Why the judge model, or the shadow judge model, cannot be judged at --judge-tier (None: both can); imports
+    nothing heavy. Asked before any check that reaches the provider: a usage error is said first."""
     if settings.judge_tier != TIER_BATCH:
         return None
-    try:
-        return batch_problem(litellm_model_string(settings.judge_model))
-    except ValueError as exc:
-        return str(exc)
+    for flag, model in (("--judge-model", settings.judge_model), ("--shadow-judge-model", settings.shadow_judge_model)):
+        if not model:
+            continue
+        try:
+            problem = batch_problem(litellm_model_string(model))
+        except ValueError as exc:
+            problem = str(exc)
+        if problem is not None:
+            return problem.replace("(judge model", f"({flag}", 1)
+    return None
 
 
 def judge_tier_backend(
@@ -81,7 +88,7 @@ def judge_tier_backend(
         logger.info("judge tier flex: %s with service_tier=flex (half price, slower answers)", model)
         return LiteLLMBackend(model, tier=TIER_FLEX), max(settings.judge_timeout, FLEX_MIN_TIMEOUT_S)
     if tier == TIER_BATCH:
-        problem = tier_problem(settings.model_copy(update={"judge_model": model}))
+        problem = tier_problem(settings.model_copy(update={"judge_model": model, "shadow_judge_model": None}))
         if problem is not None:
             raise JudgeTierUnavailable(problem)
         litellm_model = litellm_model_string(model)

@@ -34,6 +34,8 @@ from .gold import KAPPA_WEIGHTING, LABELS, DatasetError, GoldItem, load_dataset
 from .pool import JudgePool
 
 logger = logging.getLogger("tracejudge.consumer.canary")
+RUN_TIMEOUT_S = 600.0  # a run's calls answered interactively
+BATCH_RUN_TIMEOUT_S = 25 * 3600.0  # at --judge-tier batch a run waits for its batch: the provider's 24 h window
 PER_LABEL = 4  # the default set: 4 conversations of each Failure Rate label of the built-in gold set (6 × 4 = 24)
 BALANCED_BY = "failure_rate"
 
@@ -88,7 +90,7 @@ class Canary:
         *,
         floors: dict[str, float] | None = None,
         margin: float = 0.1,
-        timeout_s: float = 600.0,
+        timeout_s: float = RUN_TIMEOUT_S,
     ) -> None:
         self.interval_s = interval_s
         self.items = list(items)

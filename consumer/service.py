@@ -20,6 +20,7 @@ from kafka.admin import KafkaAdminClient
 
 from tracejudge.metrics import HolisticJudgeMetric
 from tracejudge.metrics.batch import BatchCoordinator
+from tracejudge.metrics.tiers import TIER_BATCH
 
 from ._errors import ConsumerError
 from ._logging import quiet_kafka_connections
@@ -240,7 +241,7 @@ class ConsumerService:
         settings = self.settings
         if settings.canary_interval is None or not self.canary_items:
             return
-        from .canary import Canary, calibration_accuracies
+        from .canary import BATCH_RUN_TIMEOUT_S, RUN_TIMEOUT_S, Canary, calibration_accuracies
 
         floors = calibration_accuracies(settings.calibration)
         if settings.canary_accuracy_floor is not None:
@@ -254,6 +255,7 @@ class ConsumerService:
             lambda: 0 in worker.assigned and not worker.stopping,
             floors=floors,
             margin=settings.canary_margin,
+            timeout_s=BATCH_RUN_TIMEOUT_S if settings.judge_tier == TIER_BATCH else RUN_TIMEOUT_S,
         ).start()
 
     def _open_batch_store(self) -> None:

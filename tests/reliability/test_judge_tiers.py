@@ -192,9 +192,17 @@ def test_kill_9_after_submission_polls_the_same_batch(
     assert len(judge_server.requests) == count  # the batch's lines only: nothing was asked twice
 
 
-def test_batch_tier_without_a_batch_api_exits_2() -> None:
+@pytest.mark.parametrize(
+    ("models", "flag"),
+    [
+        (["--judge-model", "mistral/small"], "--judge-model"),
+        (["--judge-model", "gpt-5-mini", "--shadow-judge-model", "mistral/small"], "--shadow-judge-model"),
+    ],
+)
+def test_batch_tier_without_a_batch_api_exits_2(models: list[str], flag: str) -> None:
+    """Said before anything reaches a broker or a provider (none runs here), naming the flag at fault."""
     completed = subprocess.run(
-        [sys.executable, "-m", "tracejudge.consumer", "--judge-tier", "batch", "--judge-model", "mistral/small"],
+        [sys.executable, "-m", "tracejudge.consumer", "--judge-tier", "batch", *models],
         capture_output=True,
         text=True,
         timeout=60,
@@ -202,7 +210,7 @@ def test_batch_tier_without_a_batch_api_exits_2() -> None:
     )
     assert completed.returncode == 2
     lines = completed.stderr.strip().splitlines()
-    assert len(lines) == 1 and "has no Batch API" in lines[0], completed.stderr
+    assert len(lines) == 1 and "has no Batch API" in lines[0] and f"({flag} 'mistral/small')" in lines[0], lines
 
 
 def test_flex_tier_falls_back_to_standard_counted(
