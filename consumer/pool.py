@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from tracejudge.metrics import ConversationalEvalTestCase, EvalTestCase, HolisticJudgeMetric, MetricResult
+from tracejudge.metrics.tiers import TIER_BATCH
 
 from .conversations import JudgeJob
 
@@ -161,6 +162,7 @@ class JudgePool:
         self._thread = threading.Thread(target=self._run_loop, name="tracejudge-judges", daemon=True)
         self._slots: asyncio.Semaphore | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self._jobs: dict[asyncio.Task[None], JudgeJob] = {}
         self._accepting = True
 
     def set_budget(self, max_per_hour: float | None) -> None:
@@ -214,7 +216,27 @@ class JudgePool:
     def _spawn(self, job: JudgeJob) -> None:
         task = self._loop.create_task(self._judge(job))
         self._tasks.add(task)
+        self._jobs[task] = job
         task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(lambda done: self._jobs.pop(done, None))
+
+    @property
+    def batched(self) -> bool:
+        """Every production judge is at the batch tier: a judgement in flight waits for a batch, not for a call."""
+        return bool(self.judges) and all(getattr(j.backend, "tier", None) == TIER_BATCH for j in self.judges)
+
+    def abandon(self, partitions: set[int]) -> None:
+        """Cancel the judgements of jobs from these judge-queue partitions (thread-safe). For a batch-tier pool on
+        revocation: they wait for a batch the partitions' new owner waits for too (it reads the batch records), so
+        finishing them here would deliver every verdict twice; nothing paid is lost, the batch goes on."""
+
+        def cancel() -> None:
+            for task, job in list(self._jobs.items()):
+                if job.partition in partitions:
+                    task.cancel()
+
+        if not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(cancel)
 
     async def _evaluate(
         self,
