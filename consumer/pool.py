@@ -223,7 +223,9 @@ class JudgePool:
     @property
     def batched(self) -> bool:
         """Every production judge is at the batch tier: a judgement in flight waits for a batch, not for a call."""
-        return bool(self.judges) and all(getattr(j.backend, "tier", None) == TIER_BATCH for j in self.judges)
+        return bool(self.judges) and all(
+            getattr(getattr(j, "backend", None), "tier", None) == TIER_BATCH for j in self.judges
+        )
 
     def abandon(self, partitions: set[int]) -> None:
         """Cancel the judgements of jobs from these judge-queue partitions (thread-safe). For a batch-tier pool on
@@ -255,7 +257,8 @@ class JudgePool:
             if budget.max_per_hour is not None and budget.estimate == 0:
                 with contextlib.suppress(Exception):  # a failed import is the call's own failure, reported by it
                     await judge.backend.warm_up()  # the prior estimate reads LiteLLM's price map
-            if not budget.reserve(force=force, prior=judge.estimated_cost(case)):
+            estimate = getattr(judge, "estimated_cost", None)  # a duck-typed judge may have none
+            if not budget.reserve(force=force, prior=estimate(case) if estimate is not None else 0.0):
                 return None
             self.in_flight += 1
             cost: float | None = None
