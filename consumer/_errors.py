@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tracejudge.tracer.errors import TracejudgeError
+from tracejudge._shared.errors import TracejudgeError
 
 
 class ConsumerError(TracejudgeError):

@@ -339,7 +339,7 @@ class CostEstimate:
     as configured); nothing here calls a judge."""
 
     def __init__(self, settings: Any) -> None:
-        from tracejudge.tracer.redact import redact_pii
+        from tracejudge._shared.redact import redact_pii
 
         from .app import METRIC_CLASSES
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from tracejudge.tracer.rate_limited_log import RateLimitedLog
+from tracejudge._shared.rate_limited_log import RateLimitedLog
 
 from .adapters import Convention, ConversationEvent, extract, textless_model_call, trace_contexts
 from .conversation.textless import TextlessSpans

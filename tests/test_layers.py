@@ -1,4 +1,4 @@
-"""The layering is enforced, not hoped for: tracer (base) <- metrics <- consumer, and no import cycle anywhere.
+"""The layering is enforced, not hoped for: shared base <- tracer <- metrics <- consumer, and no import cycle anywhere.
 
 `lint-imports` checks the contracts in pyproject.toml ([tool.importlinter]); grimp, the graph library under it, finds
 any cycle between modules, imports inside functions included. Both are also run against a copy of the packages with
@@ -17,8 +17,13 @@ from pathlib import Path
 import grimp
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("tracejudge.tracer", "tracejudge.metrics", "tracejudge.consumer")
-SOURCES = {"tracer": "tracejudge.tracer", "metrics": "tracejudge.metrics", "consumer": "tracejudge.consumer"}
+PACKAGES = ("tracejudge._shared", "tracejudge.tracer", "tracejudge.metrics", "tracejudge.consumer")
+SOURCES = {  # directory -> package ([tool.setuptools.package-dir])
+    "shared": "tracejudge._shared",
+    "tracer": "tracejudge.tracer",
+    "metrics": "tracejudge.metrics",
+    "consumer": "tracejudge.consumer",
+}
 
 
 def module_cycles() -> list[list[str]]:
@@ -59,11 +64,12 @@ def test_no_import_cycle_anywhere() -> None:
 
 def test_planted_violations_are_caught(tmp_path: Path) -> None:
     """A copy of the packages with an upward import, a cycle and a private import, all inside functions."""
-    for directory in SOURCES:
+    for directory, package in SOURCES.items():
         shutil.copytree(
-            ROOT / directory, tmp_path / "tracejudge" / directory, ignore=shutil.ignore_patterns("__pycache__")
+            ROOT / directory, tmp_path.joinpath(*package.split(".")), ignore=shutil.ignore_patterns("__pycache__")
         )
     planted = {
+        "_shared/_planted.py": "def f() -> None:\n    from tracejudge.tracer import setup  # noqa: F401\n",
         "tracer/_planted.py": "def f() -> None:\n    from tracejudge.consumer import cli  # noqa: F401\n",
         "metrics/cycle_a.py": "from . import cycle_b  # noqa: F401\n",
         "metrics/cycle_b.py": "def f() -> None:\n    from . import cycle_a  # noqa: F401\n",
@@ -83,6 +89,7 @@ def test_planted_violations_are_caught(tmp_path: Path) -> None:
     assert "Contracts: 0 kept, 6 broken." in report, report
     assert "tracejudge.consumer.conversation.planted_kafka -> kafka" in report
     assert "tracejudge.consumer.streams.planted_up -> tracejudge.consumer.service" in report
+    assert "tracejudge._shared._planted -> tracejudge.tracer.setup" in report
     assert "tracejudge.tracer._planted -> tracejudge.consumer.cli" in report
     assert "tracejudge.consumer._planted -> tracejudge.metrics._llm" in report
     assert "No cycles are allowed in tracejudge.metrics." in report and ".cycle_b -> .cycle_a" in report

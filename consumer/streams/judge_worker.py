@@ -23,7 +23,7 @@ from kafka.coordinator.assignors.cooperative_sticky import CooperativeStickyAssi
 from kafka.errors import KafkaTimeoutError
 from kafka.structs import OffsetAndMetadata
 
-from tracejudge.tracer.rate_limited_log import RateLimitedLog
+from tracejudge._shared.rate_limited_log import RateLimitedLog
 
 from ..adapters import Feedback
 from ..conversation.job import JudgeJob

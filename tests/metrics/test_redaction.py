@@ -19,8 +19,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from phonenumbers import PhoneNumberFormat, PhoneNumberType
 
-from tracejudge.tracer import redact
-from tracejudge.tracer.redact import DEFAULT_REGIONS, PiiRedactor, redact_pii
+from tracejudge._shared import redact
+from tracejudge._shared.redact import DEFAULT_REGIONS, PiiRedactor, redact_pii
 
 CORPUS = [json.loads(line) for line in (Path(__file__).with_name("redaction_corpus.jsonl")).read_text().splitlines()]
 MARKERS = re.compile(r"\[(?:PHONE|EMAIL|CARD|IBAN|API_KEY)\]")
