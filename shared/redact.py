@@ -94,6 +94,11 @@ _DOTTED = re.compile(r"\d+(?:\.\d+){3,}")
 _DOTTED_PHONE = re.compile(r"(?:1\.)?\d{3}\.\d{3}\.\d{4}|\d{2}(?:\.\d{2}){4}")
 # The key a figure is the value of: `ts=1733072400`, `"created": 1733072400`.
 _KEY_BEFORE = re.compile(r"(?:\"([A-Za-z_][\w.-]*)\"\s*:|\b([A-Za-z_][\w.-]*)\s*=)\s*[\"']?$")
+# The figure an identifier's name or a number sign stands before: `order #2012000000`, `ticket 4155552671`.
+_ID_BEFORE = re.compile(
+    r"(?i)(?:#|\b(?:order|ticket|invoice|booking|case|ref|reference|tracking|account|acct|id)\s*(?:no\.?|nr\.?)?[:#]?)"
+    r"\s*$"
+)
 _MAX_PHONE_DIGITS = 17  # E.164's 15, a trunk or international prefix and a "(0)"
 _GROUP = re.compile(r"\S+")
 _UNIX_TIME = re.compile(r"1\d{9}(?:\d{3})?")
@@ -320,8 +325,11 @@ class PhoneFinder:
 
 
 def _phone_word_before(text: str, start: int) -> bool:
-    """A phone word shortly before, and the figure not the value of another key (`Call log: ts=1733072400`)."""
+    """A phone word shortly before, and the figure not the value of another key (`Call log: ts=1733072400`) nor an
+    identifier (`Call log: order #2012000000`)."""
     if _PHONE_WORD.search(text, max(0, start - 40), start) is None:
+        return False
+    if _ID_BEFORE.search(text, max(0, start - 24), start):
         return False
     key = _KEY_BEFORE.search(text, max(0, start - 40), start)
     return key is None or _PHONE_KEY.search(key.group(1) or key.group(2)) is not None

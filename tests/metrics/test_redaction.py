@@ -154,6 +154,18 @@ def test_evidence_is_never_replaced(figures: list[str], prefix: str) -> None:
     assert redact_pii(text) == text
 
 
+@pytest.mark.parametrize(
+    ("text", "redacted"),
+    [
+        ("Call log: order #2012000000.", "Call log: order #2012000000."),  # found by the property above
+        ("Call log: ticket 4155552671; ref: 2012000000", "Call log: ticket 4155552671; ref: 2012000000"),
+        ("call me at 415 555 2671, order #2012000000", "call me at [PHONE], order #2012000000"),
+    ],
+)
+def test_an_identifier_after_a_phone_word_is_evidence(text: str, redacted: str) -> None:
+    assert redact_pii(text) == redacted
+
+
 def test_a_parser_failure_fails_closed(monkeypatch: pytest.MonkeyPatch) -> None:
     def broken(window: str, regions: tuple[str, ...]) -> tuple[tuple[int, int, bool], ...]:
         raise RuntimeError("parser bug")
