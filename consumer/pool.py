@@ -14,27 +14,13 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 
 from tracejudge.metrics import ConversationalEvalTestCase, EvalTestCase, HolisticJudgeMetric, MetricResult
 
 from .conversations import JudgeJob
+from .judgement import OUTCOME_FAILED, OUTCOME_JUDGED, OUTCOME_SKIPPED_BUDGET, Judgement
 
 logger = logging.getLogger("tracejudge.consumer.pool")
-
-OUTCOME_JUDGED = "judged"
-OUTCOME_FAILED = "failed"
-OUTCOME_SAMPLED_OUT = "sampled_out"
-OUTCOME_SKIPPED_BUDGET = "skipped_budget"
-
-
-@dataclass(slots=True)
-class Judgement:
-    job: JudgeJob
-    outcome: str
-    results: list[MetricResult] = field(default_factory=list)
-    judged_at: float = field(default_factory=time.time)
-    shadow_results: list[MetricResult] = field(default_factory=list)  # the shadow judge's, never production verdicts
 
 
 class TokenBucket:
