@@ -26,8 +26,8 @@ from typing import Any
 
 from .conversations import JudgeJob
 from .flags import EXIT_USAGE
+from .judgement import OUTCOME_JUDGED, OUTCOME_SAMPLED_OUT, OUTCOME_SKIPPED_BUDGET, Judgement
 from .pipeline import Pipeline
-from .pool import OUTCOME_JUDGED, OUTCOME_SAMPLED_OUT, OUTCOME_SKIPPED_BUDGET, Judgement
 from .results import result_id
 
 logger = logging.getLogger("tracejudge.backfill")

@@ -22,7 +22,7 @@ from tracejudge._shared.rate_limited_log import RateLimitedLog
 
 from .emit.prometheus import ConsumerMetrics
 from .feedback import FeedbackJoiner
-from .pool import Judgement
+from .judgement import Judgement
 
 logger = logging.getLogger("tracejudge.consumer")
 

@@ -20,8 +20,8 @@ from .decode import MalformedRecord, decode_record
 from .emit import KafkaWriter
 from .emit.prometheus import ConsumerMetrics
 from .feedback import FeedbackJoiner
+from .judgement import OUTCOME_FAILED, OUTCOME_JUDGED, Judgement
 from .offsets import OffsetTracker
-from .pool import OUTCOME_FAILED, OUTCOME_JUDGED, Judgement
 
 logger = logging.getLogger("tracejudge.consumer")
 

@@ -30,8 +30,9 @@ from ..conversation.job import JudgeJob
 from ..delivery import Delivery
 from ..emit.prometheus import ConsumerMetrics
 from ..feedback import FeedbackJoiner
+from ..judgement import OUTCOME_JUDGED, OUTCOME_SAMPLED_OUT, Judgement
 from ..offsets import OffsetTracker
-from ..pool import OUTCOME_JUDGED, OUTCOME_SAMPLED_OUT, Judgement, JudgePool
+from ..pool import JudgePool
 from ..settings import Settings
 from . import records as R
 from .instruments import StreamsInstruments

@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry
 from tracejudge.consumer.adapters import Turn
 from tracejudge.consumer.conversation.job import JudgeJob
 from tracejudge.consumer.emit.prometheus import ConsumerMetrics
-from tracejudge.consumer.pool import OUTCOME_FAILED, OUTCOME_JUDGED, Judgement
+from tracejudge.consumer.judgement import OUTCOME_FAILED, OUTCOME_JUDGED, Judgement
 from tracejudge.consumer.settings import Settings
 from tracejudge.consumer.streams import records as R
 from tracejudge.consumer.streams.instruments import StreamsInstruments
