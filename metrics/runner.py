@@ -8,11 +8,13 @@ turns a metric's exception into a failed result, one-at-a-time calls of a foreig
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import threading
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
@@ -45,45 +47,64 @@ class TokenBucket:
             await asyncio.sleep((1 - self.tokens) / self.rate)
 
 
+@dataclass(eq=False)
+class Reservation:
+    """One admitted call's hold on the budget: what it was expected to cost, and when it was admitted."""
+
+    at: float
+    amount: float
+
+
 class SpendWindow:
     """Judge spend over the last hour, plus calls in flight; the budget refills as old spend slides out.
 
-    The budget is decided when a call is about to be made: `reserve()` admits it only if what was spent, plus an
-    estimate for every call in flight, plus an estimate for this call stays within the budget; `settle()` replaces the
-    estimate with the real cost. The estimate is the mean cost of the last settled calls that cost something (a failed
-    call's zero would lower it); before any call settled it is the call's own `prior`
+    The budget is decided when a call is about to be made: `admit()` admits it only if what was spent, plus what every
+    call in flight was reserved at, plus this call's estimate stays within the budget; `settle()` replaces the
+    reservation with the real cost. The estimate is the mean cost of the last settled calls that cost something (a
+    failed call's zero would lower it); before any call settled it is the call's own `prior`
     (`HolisticJudgeMetric.estimated_cost`: at the batch tier its prompt at the batch price, where the first settle can
     be an hour away; elsewhere 0, so the overshoot is at most the calls in flight at that moment).
+
+    Spend is counted in the hour the call was admitted, not the hour it settled: a batch answered three hours after
+    its requests were admitted does not take the budget of the hour it happens to answer in, and a reservation older
+    than the window no longer holds the budget of the current hour.
     """
 
     def __init__(self, max_per_hour: float | None, window_s: float = 3600.0, *, sample: int = 64) -> None:
         self.max_per_hour = max_per_hour
         self.window_s = window_s
-        self._entries: deque[tuple[float, float]] = deque()
+        self._entries: list[tuple[float, float]] = []  # (admitted at, cost), kept sorted by time
         self._total = 0.0
         self._recent: deque[float] = deque(maxlen=sample)
-        self._in_flight = 0
+        self._holds: dict[int, Reservation] = {}  # in flight, by id: insertion order is admission order
         self.refused = 0
         self._lock = threading.Lock()
 
-    def record(self, cost: float) -> None:
+    def record(self, cost: float, at: float | None = None) -> None:
         with self._lock:
-            self._record(cost)
+            self._record(cost, at)
 
-    def _record(self, cost: float) -> None:
+    def _record(self, cost: float, at: float | None = None) -> None:
         if cost > 0:
-            self._entries.append((time.monotonic(), cost))
+            stamp = time.monotonic() if at is None else at
+            bisect.insort(self._entries, (stamp, cost))
             self._total += cost
 
     def _spent(self) -> float:
         cutoff = time.monotonic() - self.window_s
-        while self._entries and self._entries[0][0] < cutoff:
-            self._total -= self._entries.popleft()[1]
-        return max(0.0, self._total)
+        expired = bisect.bisect_left(self._entries, (cutoff, float("-inf")))
+        if expired:
+            self._total -= sum(cost for _, cost in self._entries[:expired])
+            del self._entries[:expired]
+        return max(0.0, self._total) if self._entries else 0.0
 
     def spent(self) -> float:
         with self._lock:
             return self._spent()
+
+    @property
+    def _in_flight(self) -> int:
+        return len(self._holds)
 
     @property
     def estimate(self) -> float:
@@ -91,25 +112,37 @@ class SpendWindow:
         with self._lock:
             return sum(self._recent) / len(self._recent) if self._recent else 0.0
 
-    def reserve(self, *, force: bool = False, prior: float = 0.0) -> bool:
-        """Admit one call now (True) or refuse it for budget (False); `force` admits it anyway (still counted).
-        `prior`: the call's own estimate (its prompt at the tier's prices), used until a call has settled."""
+    def admit(self, *, force: bool = False, prior: float = 0.0) -> Reservation | None:
+        """Admit one call now (its reservation, to settle) or refuse it for budget (None); `force` admits it anyway
+        (still counted). `prior`: the call's own estimate (its prompt at the tier's prices), until a call settled."""
         with self._lock:
+            now = time.monotonic()
             estimate = sum(self._recent) / len(self._recent) if self._recent else prior
-            committed = self._spent() + self._in_flight * estimate
+            cutoff = now - self.window_s
+            held = sum(hold.amount for hold in self._holds.values() if hold.at >= cutoff)
+            committed = self._spent() + held
             if not force and self.max_per_hour is not None and committed + estimate > self.max_per_hour:
                 self.refused += 1
-                return False
-            self._in_flight += 1
-            return True
+                return None
+            reservation = Reservation(now, estimate)
+            self._holds[id(reservation)] = reservation
+            return reservation
 
-    def settle(self, cost: float | None) -> None:
-        """A reserved call is over: its real cost replaces its estimate (None: no cost known, e.g. cancelled)."""
+    def reserve(self, *, force: bool = False, prior: float = 0.0) -> bool:
+        """`admit()` for callers that settle without their reservation (the oldest one is settled)."""
+        return self.admit(force=force, prior=prior) is not None
+
+    def settle(self, cost: float | None, reservation: Reservation | None = None) -> None:
+        """A reserved call is over: its real cost replaces its reservation (None: no cost known, e.g. cancelled),
+        counted at the time the call was admitted."""
         with self._lock:
-            self._in_flight = max(0, self._in_flight - 1)
+            if reservation is None and self._holds:
+                reservation = next(iter(self._holds.values()))
+            if reservation is not None:
+                self._holds.pop(id(reservation), None)
             if cost is not None and cost > 0:  # a call that cost nothing (failed) says nothing about the next one
                 self._recent.append(cost)
-                self._record(cost)
+                self._record(cost, None if reservation is None else reservation.at)
 
     @property
     def exhausted(self) -> bool:
@@ -187,7 +220,8 @@ class JudgeRunner:
                             await judge.backend.warm_up()
                     estimate = getattr(judge, "estimated_cost", None)  # a duck-typed judge may have none
                     prior = estimate(case) if estimate is not None else 0.0
-                if not budget.reserve(force=force, prior=prior):
+                reservation = budget.admit(force=force, prior=prior)
+                if reservation is None:
                     return None
                 self.in_flight += 1
                 settled: float | None = None
@@ -196,7 +230,7 @@ class JudgeRunner:
                     settled = None if cost is None else cost(result)
                 finally:
                     self.in_flight -= 1
-                    budget.settle(settled)
+                    budget.settle(settled, reservation)
         return result
 
     def _turn(self, judge: Any) -> asyncio.Lock:
