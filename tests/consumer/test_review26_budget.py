@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tracejudge.consumer.pool import SpendWindow
+from tracejudge.metrics.runner import SpendWindow
 from tracejudge.metrics import ConversationalEvalTestCase, EvalTestCase, FailureRateMetric
 from tracejudge.metrics._llm import LiteLLMBackend, _import_litellm
 from tracejudge.metrics.tiers import TIER_BATCH
