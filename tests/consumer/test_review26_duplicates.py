@@ -17,7 +17,7 @@ def test_a_negative_feedback_job_is_not_given_the_budget_skip_of_the_unforced_jo
     judges, pool, producer, _ = worker()
     judges._record(0, job_record(5, "x"))
     plain = R.loads(job_record(9, "x").value)
-    job, sampled, ms = R.job_from_json(plain, key="0:9", partition=0)
+    job, _sampled, ms = R.job_from_json(plain, key="0:9", partition=0)
     forced = Record(9, R.dumps(R.job_to_json(replace(job, negative_feedback=True), sampled=True, completed_ms=ms)))
     judges._record(0, forced)
     judges._finished(Judgement(pool.submitted[0], OUTCOME_SKIPPED_BUDGET))
