@@ -508,7 +508,24 @@ class BatchCoordinator:
                         if cid not in answers and cid not in batch.bodies and self._known.get(cid) == batch.key:
                             del self._known[cid]
                     bodies = {cid: batch.bodies[cid] for cid in left}
-                    retry = _Batch(key=uuid.uuid4().hex, custom_ids=left, bodies=bodies, attempt=2)
+                    # One retry per batch, whoever follows it (a rebalance leaves two replicas polling the same
+                    # batch): its key derives from the batch's, and a retry another replica recorded is followed.
+                    retry_key = f"{batch.key}.retry"
+                    theirs = self._batches.get(retry_key)
+                    if theirs is None:
+                        recorded = await self._recorded(retry_key)
+                        if recorded is not None:
+                            self._adopt(recorded, True, now=True)  # answered already: its output read
+                            theirs = self._batches.get(retry_key)
+                    if theirs is not None:
+                        mine = [cid for cid in left if cid not in theirs.custom_ids]
+                        for cid in left:
+                            if cid in theirs.custom_ids:
+                                theirs.bodies.setdefault(cid, bodies[cid])
+                                self._known[cid] = retry_key
+                        left, bodies = mine, {cid: bodies[cid] for cid in mine}
+                        retry_key = f"{batch.key}.retry.{uuid.uuid4().hex[:8]}"  # what their retry does not hold
+                    retry = _Batch(key=retry_key, custom_ids=left, bodies=bodies, attempt=2)
                     for cid in left:  # before this batch retires, so a call asking meanwhile waits for the retry
                         self._known[cid] = retry.key
                     if left:
@@ -540,6 +557,13 @@ class BatchCoordinator:
                 await self._done(batch, "done")
                 return
             await asyncio.sleep(self.poll_s)
+
+    async def _recorded(self, key: str) -> dict[str, Any] | None:
+        """The store's latest record of a batch (another replica's), or None."""
+        if self._store is None:
+            return None
+        records = await asyncio.to_thread(self._store.load)
+        return next((r for r in records if r.get("key") == key and r.get("state") != "abandoned"), None)
 
     async def _done(self, batch: _Batch, state: str) -> None:
         batch.state, batch.done_at = state, time.time()

@@ -85,7 +85,8 @@ class JudgeWorker(AsyncConsumerRebalanceListener):
         # A crash between a job's send and the assembler's commit replays the conversation into a second job for the
         # same transcript (same content id, so same result id): answered from here, not judged (and paid) again.
         self._settled: OrderedDict[str, str] = OrderedDict()  # content id → outcome delivered by this worker
-        self._following: dict[str, tuple[str, list[JudgeJob]]] = {}  # content id in flight → (its job, later copies)
+        # content id in flight → (its job's key, whether it is forced, the later copies waiting for it)
+        self._following: dict[str, tuple[str, bool, list[JudgeJob]]] = {}
         self._lag_reported: set[int] = set()
         self.joined = threading.Event()
         self.share_budget()
@@ -176,7 +177,7 @@ class JudgeWorker(AsyncConsumerRebalanceListener):
         self.assigned -= partitions
         self.share_budget()
         self.offsets.forget_partitions(partitions)
-        for content, (key, _copies) in list(self._following.items()):  # their copies are on the same partition
+        for content, (key, _forced, _copies) in list(self._following.items()):  # their copies are on the same partition
             if int(key.partition(":")[0]) in partitions:
                 del self._following[content]
         for partition in partitions:
@@ -226,18 +227,22 @@ class JudgeWorker(AsyncConsumerRebalanceListener):
             self.delivery.not_judged(Judgement(job, OUTCOME_SAMPLED_OUT))
 
     def _duplicate(self, job: JudgeJob) -> bool:
-        """A job for a transcript judged or being judged here is answered with that verdict; else it is the first."""
+        """A job for a transcript judged or being judged here is answered with that verdict; else it is the first.
+        A forced job (negative feedback: judged whatever the budget) never waits for an unforced one, which may end
+        skipped for budget."""
         if not job.content_id:
             return False
-        if job.content_id in self._following:
-            self._following[job.content_id][1].append(job)
+        following = self._following.get(job.content_id)
+        if following is not None and (following[1] or not job.negative_feedback):
+            following[2].append(job)
             return True
         outcome = self._settled.get(job.content_id)
         if outcome is not None:
             self._settled.move_to_end(job.content_id)
             self._finished(Judgement(job, outcome))
             return True
-        self._following[job.content_id] = (job.key, [])
+        if following is None:
+            self._following[job.content_id] = (job.key, job.negative_feedback, [])
         return False
 
     def _settle(self, judgement: Judgement) -> list[JudgeJob]:
@@ -251,7 +256,7 @@ class JudgeWorker(AsyncConsumerRebalanceListener):
             self._settled[job.content_id] = judgement.outcome
             while len(self._settled) > SETTLED_MEMORY:
                 self._settled.popitem(last=False)
-        return entry[1]
+        return entry[2]
 
     def _feedback(self, conversation_id: str, value: dict[str, Any]) -> None:
         feedback = Feedback(**value["feedback"])
