@@ -303,7 +303,7 @@ def run_calibrate(namespace: argparse.Namespace, judge: str | CustomLLMClient | 
             judge_items(
                 dataset.items,
                 judges,
-                max_concurrency=settings.max_concurrency,
+                max_concurrency=settings.judge_concurrency(len(judges)),
                 max_requests_per_minute=settings.max_requests_per_minute,
                 max_cost_per_hour=settings.max_cost_per_hour,
                 on_done=lambda: progress.advance(task),

@@ -58,7 +58,7 @@ class Pipeline:
         self.pool = JudgePool(
             judges,
             self.delivery.judged,
-            max_concurrency=settings.max_concurrency,
+            max_concurrency=settings.judge_concurrency(len(judges)),
             max_requests_per_minute=settings.max_requests_per_minute,
             max_cost_per_hour=settings.max_cost_per_hour,
         )

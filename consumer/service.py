@@ -86,13 +86,6 @@ def reaching_kafka(bootstrap_servers: str, config: dict[str, Any] | None = None)
             ) from None
 
 
-def judge_concurrency(settings: Settings, judges: int) -> int:
-    """Judge calls in flight at most: at the batch tier a call waits for its batch, so a whole batch is in flight."""
-    if settings.judge_tier == "batch":
-        return max(settings.max_concurrency, settings.judge_batch_size * max(1, judges))
-    return settings.max_concurrency
-
-
 class ConsumerService:
     """Runs until `request_stop()`."""
 
@@ -119,7 +112,7 @@ class ConsumerService:
         self.pool = JudgePool(
             judges,
             self.delivery.judged,
-            max_concurrency=judge_concurrency(settings, len(judges)),
+            max_concurrency=settings.judge_concurrency(len(judges)),
             max_requests_per_minute=settings.max_requests_per_minute,
             max_cost_per_hour=settings.max_cost_per_hour,
             shadow_judges=shadow_judges,

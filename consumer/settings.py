@@ -374,6 +374,13 @@ class Settings(BaseSettings):
             aliased[alias if isinstance(alias, str) else name] = value
         return cls(**aliased)
 
+    def judge_concurrency(self, judges: int) -> int:
+        """Judge calls in flight at most: at the batch tier a call waits for its batch, so a whole batch is in flight
+        (for `consume`, `backfill` and `calibrate` alike)."""
+        if self.judge_tier == "batch":
+            return max(self.max_concurrency, self.judge_batch_size * max(1, judges))
+        return self.max_concurrency
+
     def consumer_config(self) -> dict[str, Any]:
         from kafka import KafkaConsumer
 

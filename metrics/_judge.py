@@ -237,6 +237,7 @@ PREPARATIONS = _Preparations()
 
 
 ESTIMATED_ANSWER_TOKENS = 400  # a verdict, its evidence and a reason: what the budget expects before it has seen one
+ESTIMATED_REASONING_TOKENS = 2_000  # a reasoning model's hidden tokens, billed as output (no reasoning_effort is sent)
 
 
 class HolisticJudgeMetric:
@@ -333,7 +334,8 @@ class HolisticJudgeMetric:
 
     def estimated_cost(self, conversation: ConversationalEvalTestCase) -> float:
         """What the budget reserves for a call at the batch tier before any call has settled: the rubric and the
-        turns at ~4 characters a token and an answer of `ESTIMATED_ANSWER_TOKENS`, at the batch price. A batch
+        turns at ~4 characters a token and an answer of `ESTIMATED_ANSWER_TOKENS` (and `ESTIMATED_REASONING_TOKENS` for
+        a reasoning model), at the batch price. A batch
         settles minutes to hours after its requests were reserved; reserved at zero, a whole batch would pass a
         budget worth one call. The interactive tiers settle in seconds (overshoot bounded by the concurrency): 0."""
         from .tiers import TIER_BATCH, tier_cost
@@ -349,9 +351,12 @@ class HolisticJudgeMetric:
         )
         tokens = min(chars // 4, self.transcript_budget_tokens + len(self.effective_system_prompt) // 4)
         try:
-            cost = tier_cost(
-                self._litellm_model, TIER_BATCH, input_tokens=tokens, output_tokens=ESTIMATED_ANSWER_TOKENS
-            )
+            import litellm
+
+            answer = ESTIMATED_ANSWER_TOKENS
+            if litellm.supports_reasoning(model=self._litellm_model):
+                answer += ESTIMATED_REASONING_TOKENS
+            cost = tier_cost(self._litellm_model, TIER_BATCH, input_tokens=tokens, output_tokens=answer)
         except Exception:  # a price map that cannot be read: the budget learns from the first settled call
             return 0.0
         return cost or 0.0

@@ -20,7 +20,7 @@ def test_long_conversations_in_flight_then_short_ones_stay_within_the_budget() -
     _import_litellm()
     judge = FailureRateMetric(LiteLLMBackend("gpt-5-mini", tier=TIER_BATCH))
     long, short = judge.estimated_cost(case(100)), judge.estimated_cost(case(1))
-    assert long > 3 * short > 0
+    assert long > short > 0
     budget = SpendWindow(long * 4.5)
     reserved = 0.0
     for prior in [long] * 5 + [short] * 20:  # a flood during an hour-long batch, the long ones read first

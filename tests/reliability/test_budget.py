@@ -43,6 +43,21 @@ def test_budget_refills_as_spend_ages_out() -> None:
     assert not window.exhausted and window.spent() == 0.0
 
 
+def test_spend_counts_in_the_hour_it_was_admitted() -> None:
+    """A batch answers hours after its requests were admitted: its reservation stops holding the current window once
+    older than it, and its cost, settled late, is counted when it was admitted (not in the hour it answered)."""
+    window = SpendWindow(max_per_hour=1.0, window_s=0.3)
+    first = window.admit(prior=0.9)
+    assert first is not None and window.admit(prior=0.9) is None  # held: 0.9 + 0.9 > 1.0
+    time.sleep(0.4)  # the window itself is under test: time must pass
+    second = window.admit(prior=0.9)
+    assert second is not None  # the first reservation is older than the window
+    window.settle(0.9, first)
+    assert window.spent() == 0.0  # admitted before the window: not spent in it
+    window.settle(0.5, second)
+    assert window.spent() == 0.5
+
+
 def test_budget_holds_under_a_burst(broker: EmbeddedBroker, topic: str, judge_server: JudgeServer) -> None:
     """N conversations wait in Kafka before the consumer starts; the budget is worth K calls. The budget is decided
     when each call is made, counting calls in flight: at most K + max-concurrency calls reach the judge server, and
