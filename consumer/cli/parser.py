@@ -14,8 +14,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from ._logging import configure_logging
-from .flags import CONSUMER_FLAGS, EXIT_USAGE, add_consumer_flags, field_help, settings_from_args
+from .._logging import configure_logging
+from .options import CONSUMER_FLAGS, EXIT_USAGE, add_consumer_flags, field_help, settings_from_args
 
 
 def calibration_refused(path: str | None) -> bool:
@@ -36,8 +36,8 @@ def canary_refused(settings: Any) -> bool:
     """A --canary-dataset that cannot be read or parsed: one line on stderr, True (before any I/O)."""
     if settings.canary_interval is None:
         return False
-    from .canary import load_canary_items
-    from .gold import DatasetError
+    from ..canary import load_canary_items
+    from ..gold import DatasetError
 
     try:
         load_canary_items(settings.canary_dataset)
@@ -55,7 +55,7 @@ def cmd_consume(namespace: argparse.Namespace) -> int:
         return EXIT_USAGE
     configure_logging(settings.log_level, settings.log_format)
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-    from .app import tier_problem
+    from ..app import tier_problem
     from .judge_check import refuse_judge, refuse_shadow_judge
 
     problem = tier_problem(settings)  # before the judge check: a tier the provider lacks is a usage error
@@ -67,8 +67,8 @@ def cmd_consume(namespace: argparse.Namespace) -> int:
         refused = refuse_shadow_judge(settings)
     if refused is not None:
         return refused
-    from .app import build_app
-    from .service import StartupError
+    from ..app import build_app
+    from ..service import StartupError
 
     try:
         app = build_app(settings)
@@ -211,7 +211,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_consumer_flags(compare, skip=[dest for _, dest, _ in CONSUMER_FLAGS if dest not in COMPARE_OPTIONS])
     compare.set_defaults(handler=cmd_compare)
     # `tracejudge broker`: a local Kafka in one command for the quickstart (consumer/broker_cmd.py).
-    from . import broker_cmd
+    from . import broker as broker_cmd
 
     broker = commands.add_parser("broker", help="a local Kafka (the embedded Tansu) on 127.0.0.1 until Ctrl-C")
     broker_cmd.add_arguments(broker)

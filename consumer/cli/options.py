@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from pydantic import ValidationError
 
-from .settings import Settings
+from .._errors import EXIT_USAGE
+from ..settings import Settings
 
-EXIT_USAGE = 2
 EXIT_JUDGE_UNAVAILABLE = 3  # the startup judge check got no answer (auth, unknown model, server down)
 
 # flag → Settings field (flag names are a contract; the field gives help, environment variable and default).
@@ -74,6 +74,18 @@ CONSUMER_FLAGS: list[tuple[str, str, dict[str, Any]]] = [
 ]
 
 
+# The canary and the shadow judge watch a running consumer's judge: nothing to do in backfill or the demo.
+WATCH_OPTIONS = (
+    "canary_interval",
+    "canary_dataset",
+    "canary_accuracy_floor",
+    "canary_margin",
+    "shadow_judge_model",
+    "shadow_sample_rate",
+    "shadow_budget_share",
+)
+
+
 def shown_default(value: Any) -> str:
     if value is None or value == {}:
         return "none"
@@ -92,11 +104,16 @@ def field_help(name: str, default: str | None = None) -> str:
 
 
 def add_consumer_flags(
-    parser: argparse.ArgumentParser, *, skip: Sequence[str] = (), defaults: Mapping[str, str] | None = None
+    parser: argparse.ArgumentParser,
+    *,
+    skip: Collection[str] = (),
+    only: Collection[str] | None = None,
+    defaults: Mapping[str, str] | None = None,
 ) -> None:
-    """Add the flags of every field not in `skip`; `defaults` are the defaults this command shows instead."""
+    """Add the flags of every field in `only` (default all) not in `skip`; `defaults` are the defaults this command
+    shows instead."""
     for flag, dest, extra in CONSUMER_FLAGS:
-        if dest in skip:
+        if dest in skip or (only is not None and dest not in only):
             continue
         help_text = field_help(dest, (defaults or {}).get(dest))
         parser.add_argument(flag, dest=dest, default=argparse.SUPPRESS, help=help_text, **extra)
