@@ -1,13 +1,19 @@
-"""The consumer's settings as command-line flags, shared by every subcommand.
+"""The consumer's settings as command-line flags, shared by every subcommand, and docs/configuration.md's table.
 
-Each flag's help is made from its Settings field (description, environment variable, default), so it cannot drift.
+Settings (consumer/settings.py) is the one definition of an option: its flag, environment variable, default, help
+and docs link. The flags, their --help and the table are made from it here, so none can drift; flag names,
+variables and defaults are contracts. `python -m tracejudge.consumer.cli.options --markdown` prints the table,
+`--write docs/configuration.md` (`make options-table`) puts it in the page, tests/docs checks the page has it.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import typing
 from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
@@ -16,63 +22,48 @@ from .._errors import EXIT_USAGE
 from ..settings import Settings
 
 EXIT_JUDGE_UNAVAILABLE = 3  # the startup judge check got no answer (auth, unknown model, server down)
+# docs/configuration.md's table sits between these two lines.
+TABLE_START = "<!-- options table: generated from consumer/settings.py by `make options-table`; do not edit -->"
+TABLE_END = "<!-- end of options table -->"
 
-# flag → Settings field (flag names are a contract; the field gives help, environment variable and default).
-CONSUMER_FLAGS: list[tuple[str, str, dict[str, Any]]] = [
-    ("--bootstrap-servers", "bootstrap_servers", {}),
-    ("--topic", "topic", {}),
-    ("--group-id", "group_id", {}),
-    ("--start-from", "start_from", {"metavar": "latest|earliest"}),
-    ("--judge-model", "judge_model", {}),
-    ("--metrics", "metrics", {}),
-    ("--sample-rate", "sample_rate", {}),
-    ("--agent-sample-rate", "agent_sample_rates", {"action": "append", "metavar": "NAME=RATE"}),
-    ("--session-idle-timeout", "session_idle_timeout", {"metavar": "SECONDS"}),
-    ("--max-concurrency", "max_concurrency", {}),
-    ("--max-requests-per-minute", "max_requests_per_minute", {}),
-    ("--max-cost-per-hour", "max_cost_per_hour", {"metavar": "USD"}),
-    ("--metrics-host", "metrics_host", {}),
-    ("--metrics-port", "metrics_port", {}),
-    ("--max-agents", "max_agents", {}),
-    ("--otlp-endpoint", "otlp_endpoint", {}),
-    ("--otlp-protocol", "otlp_protocol", {"metavar": "http/protobuf|grpc"}),
-    ("--results-topic", "results_topic", {}),
-    ("--dead-letter-topic", "dead_letter_topic", {}),
-    ("--kafka-config", "kafka_config", {"action": "append", "metavar": "KEY=VALUE"}),
-    ("--window-sessions", "window_sessions", {}),
-    ("--window-seconds", "window_seconds", {}),
-    ("--redact", "redact", {"action": argparse.BooleanOptionalAction}),
-    ("--shutdown-grace", "shutdown_grace", {"metavar": "SECONDS"}),
-    ("--judge-timeout", "judge_timeout", {"metavar": "SECONDS"}),
-    ("--judge-check", "judge_check", {"action": argparse.BooleanOptionalAction}),
-    ("--judge-retries", "judge_retries", {}),
-    ("--judge-tier", "judge_tier", {"metavar": "standard|flex|batch"}),
-    ("--judge-batch-size", "judge_batch_size", {}),
-    ("--judge-batch-wait", "judge_batch_wait", {"metavar": "SECONDS"}),
-    ("--judge-batch-poll", "judge_batch_poll", {"metavar": "SECONDS"}),
-    ("--threshold", "threshold", {}),
-    ("--max-open-conversations", "max_open_conversations", {}),
-    ("--max-turns-per-conversation", "max_turns_per_conversation", {}),
-    ("--max-record-bytes", "max_record_bytes", {}),
-    ("--commit-interval", "commit_interval", {"metavar": "SECONDS"}),
-    ("--log-format", "log_format", {"metavar": "text|json"}),
-    ("--log-level", "log_level", {}),
-    ("--calibration", "calibration", {"metavar": "REPORT.json"}),
-    ("--role", "role", {"metavar": "all|assemble|judge"}),
-    ("--group-instance-id", "group_instance_id", {}),
-    ("--state-retention", "state_retention", {"metavar": "SECONDS"}),
-    ("--max-state-bytes", "max_state_bytes", {}),
-    ("--max-conversation-bytes", "max_conversation_bytes", {}),
-    ("--end-grace", "end_grace", {"metavar": "SECONDS"}),
-    ("--canary-interval", "canary_interval", {"metavar": "DURATION"}),
-    ("--canary-dataset", "canary_dataset", {"metavar": "PATH.jsonl"}),
-    ("--canary-accuracy-floor", "canary_accuracy_floor", {}),
-    ("--canary-margin", "canary_margin", {}),
-    ("--shadow-judge-model", "shadow_judge_model", {}),
-    ("--shadow-sample-rate", "shadow_sample_rate", {}),
-    ("--shadow-budget-share", "shadow_budget_share", {}),
-]
 
+@dataclass(frozen=True, slots=True)
+class Option:
+    """One Settings field as a flag."""
+
+    field: str
+    flag: str
+    env: str
+    default: Any
+    description: str
+    metavar: str | None  # a Literal's choices (`a|b`) unless the field names one
+    repeatable: bool  # given once per value (argparse `append`)
+    boolean: bool  # `--x` / `--no-x`
+    see: str | None  # a docs page (relative to docs/) the table links to
+
+
+def _option(name: str) -> Option:
+    field = Settings.model_fields[name]
+    extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+    metavar = extra.get("metavar")
+    if metavar is None and typing.get_origin(field.annotation) is typing.Literal:
+        metavar = "|".join(str(choice) for choice in typing.get_args(field.annotation))
+    return Option(
+        field=name,
+        flag=str(extra.get("flag") or "--" + name.replace("_", "-")),
+        env=str(field.validation_alias),
+        default=field.default,
+        description=str(field.description),
+        metavar=None if metavar is None else str(metavar),
+        repeatable=bool(extra.get("repeatable")),
+        boolean=field.annotation is bool,
+        see=None if extra.get("see") is None else str(extra["see"]),
+    )
+
+
+# Every consumer option, in Settings' (and --help's) order.
+OPTIONS: tuple[Option, ...] = tuple(_option(name) for name in Settings.model_fields)
+BY_FIELD: dict[str, Option] = {option.field: option for option in OPTIONS}
 
 # The canary and the shadow judge watch a running consumer's judge: nothing to do in backfill or the demo.
 WATCH_OPTIONS = (
@@ -98,9 +89,9 @@ def shown_default(value: Any) -> str:
 
 def field_help(name: str, default: str | None = None) -> str:
     """`description (env TRACEJUDGE_X, default Y)` of a Settings field; `default` replaces Y where a command differs."""
-    field = Settings.model_fields[name]
-    shown = shown_default(field.default) if default is None else default
-    return f"{field.description} (env {field.validation_alias}, default {shown})".replace("%", "%%")
+    option = BY_FIELD[name]
+    shown = shown_default(option.default) if default is None else default
+    return f"{option.description} (env {option.env}, default {shown})".replace("%", "%%")
 
 
 def add_consumer_flags(
@@ -112,25 +103,82 @@ def add_consumer_flags(
 ) -> None:
     """Add the flags of every field in `only` (default all) not in `skip`; `defaults` are the defaults this command
     shows instead."""
-    for flag, dest, extra in CONSUMER_FLAGS:
-        if dest in skip or (only is not None and dest not in only):
+    for option in OPTIONS:
+        if option.field in skip or (only is not None and option.field not in only):
             continue
-        help_text = field_help(dest, (defaults or {}).get(dest))
-        parser.add_argument(flag, dest=dest, default=argparse.SUPPRESS, help=help_text, **extra)
+        extra: dict[str, Any] = {}
+        if option.metavar is not None:
+            extra["metavar"] = option.metavar
+        if option.repeatable:
+            extra["action"] = "append"
+        elif option.boolean:
+            extra["action"] = argparse.BooleanOptionalAction
+        help_text = field_help(option.field, (defaults or {}).get(option.field))
+        parser.add_argument(option.flag, dest=option.field, default=argparse.SUPPRESS, help=help_text, **extra)
 
 
 def settings_from_args(namespace: argparse.Namespace, *, skip: Sequence[str] = ()) -> Settings:
     """Explicit flags over TRACEJUDGE_* variables over defaults; raises SystemExit(2) with one line if invalid."""
-    fields = {dest for _, dest, _ in CONSUMER_FLAGS}
-    given = {k: v for k, v in vars(namespace).items() if k in fields and k not in skip}
+    given = {k: v for k, v in vars(namespace).items() if k in BY_FIELD and k not in skip}
     try:
         return Settings.from_options(**given)
     except ValidationError as exc:
         error = exc.errors()[0]
         alias = ".".join(str(part) for part in error.get("loc", ()))
-        flags = {dest: flag for flag, dest, _ in CONSUMER_FLAGS}
-        field = next((name for name, f in Settings.model_fields.items() if f.validation_alias == alias), alias)
-        where = f"{flags[field]} / {alias}" if field in flags else alias or "configuration"
+        field = next((o.field for o in OPTIONS if o.env == alias), alias)
+        where = f"{BY_FIELD[field].flag} / {alias}" if field in BY_FIELD else alias or "configuration"
         message = str(error.get("msg", "invalid")).removeprefix("Value error, ")
         print(f"tracejudge: invalid configuration: {where}: {message}", file=sys.stderr)
         raise SystemExit(EXIT_USAGE) from None
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def markdown_table() -> str:
+    """docs/configuration.md's table of every option: flag, environment variable, default, what it does."""
+    lines = ["| flag | environment variable | default | what it does |", "|---|---|---|---|"]
+    for option in OPTIONS:
+        value = f" {option.metavar}" if option.metavar else ""
+        flag = f"`{option.flag}{value}`"
+        if option.boolean:
+            flag += f" / `--no-{option.flag.removeprefix('--')}`"
+        default = shown_default(option.default)
+        default = default if default in ("none", "on", "off") else f"`{default}`"
+        what = option.description + (f" ([more]({option.see}))" if option.see else "")
+        lines.append(f"| {_cell(flag)} | `{option.env}` | {_cell(default)} | {_cell(what)} |")
+    return "\n".join(lines) + "\n"
+
+
+def with_table(page: str) -> str:
+    """`page` with the text between TABLE_START and TABLE_END replaced by the current table."""
+    head, start, rest = page.partition(TABLE_START + "\n")
+    _old, end, tail = rest.partition(TABLE_END)
+    if not start or not end:
+        raise ValueError(f"the page has no {TABLE_START!r} … {TABLE_END!r} block")
+    return head + start + markdown_table() + end + tail
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m tracejudge.consumer.cli.options", description="The consumer options as a markdown table."
+    )
+    group = parser.add_mutually_exclusive_group(required=True)
+    group.add_argument("--markdown", action="store_true", help="print the table")
+    group.add_argument("--write", metavar="PAGE.md", help="replace the table in PAGE.md (docs/configuration.md)")
+    namespace = parser.parse_args(argv)
+    if namespace.markdown:
+        sys.stdout.write(markdown_table())
+        return 0
+    page = Path(namespace.write)
+    try:
+        page.write_text(with_table(page.read_text(encoding="utf-8")), encoding="utf-8")
+    except (OSError, ValueError) as exc:
+        print(f"options: {page}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
