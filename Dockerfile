@@ -5,6 +5,7 @@ FROM python:3.11-slim
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 LITELLM_LOCAL_MODEL_COST_MAP=True
 WORKDIR /app
 COPY pyproject.toml README.md LICENSE ./
+COPY shared ./shared
 COPY tracer ./tracer
 COPY metrics ./metrics
 COPY consumer ./consumer

@@ -12,9 +12,9 @@ import time
 from collections.abc import Callable
 
 from bench._stats import Figure, alternate
+from tracejudge._shared.redact import _cached_window_phones, redact_pii
 from tracejudge.metrics._cases import EvalTestCase
 from tracejudge.metrics.transcript import render_transcript
-from tracejudge.tracer.redact import _cached_window_phones, redact_pii
 
 PROSE = (
     "Sure! Here is a short poem about autumn leaves falling softly on the quiet street, golden and red. " * 6,

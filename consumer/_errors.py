@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tracejudge.tracer.errors import TracejudgeError
+from tracejudge._shared.errors import TracejudgeError
 
 EXIT_USAGE = 2  # invalid configuration: one line on stderr (the commands, and StartupErrors the user can fix)
 

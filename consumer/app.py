@@ -13,6 +13,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, start_http_server
 
+from tracejudge._shared.redact import redact_pii
 from tracejudge.metrics import ConversationalFlowRateMetric, CustomLLMClient, FailureRateMetric, HolisticJudgeMetric
 from tracejudge.metrics.batch import (
     BatchBackend,
@@ -25,7 +26,6 @@ from tracejudge.metrics.batch import (
 from tracejudge.metrics.calibration import load_hallucination_calibration
 from tracejudge.metrics.tiers import FLEX_MIN_TIMEOUT_S, TIER_BATCH, TIER_FLEX, TIER_STANDARD, has_tier_price
 from tracejudge.metrics.transcript import Redactor
-from tracejudge.tracer.redact import redact_pii
 
 from ._errors import EXIT_USAGE
 from .delivery import JudgementSink

@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tracejudge._shared.rate_limited_log import RateLimitedLog
 from tracejudge.metrics import HolisticJudgeMetric, MetricResult
 from tracejudge.metrics.calibration import accuracy, cohen_kappa, confusion_matrix
-from tracejudge.tracer.rate_limited_log import RateLimitedLog
 
 from .emit.judge_watch import PURPOSE_CANARY
 from .emit.prometheus import ConsumerMetrics

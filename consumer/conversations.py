@@ -19,7 +19,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from tracejudge.tracer.text import clip
+from tracejudge._shared.text import clip
 
 from .adapters import ConversationEvent, Feedback, Turn
 from .conversation.identity import content_id

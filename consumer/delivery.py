@@ -18,11 +18,11 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from tracejudge.tracer.rate_limited_log import RateLimitedLog
+from tracejudge._shared.rate_limited_log import RateLimitedLog
 
 from .emit.prometheus import ConsumerMetrics
 from .feedback import FeedbackJoiner
-from .pool import Judgement
+from .judgement import Judgement
 
 logger = logging.getLogger("tracejudge.consumer")
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .adapters import Feedback
-from .pool import Judgement
+from .judgement import Judgement
 
 DEFAULT_RETENTION_S = 3600.0
 MAX_REMEMBERED = 100_000

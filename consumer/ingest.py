@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from tracejudge.tracer.rate_limited_log import RateLimitedLog
+from tracejudge._shared.rate_limited_log import RateLimitedLog
 
 from .adapters import Convention, ConversationEvent, extract, textless_model_call, trace_contexts
 from .conversation.textless import TextlessSpans
@@ -20,8 +20,8 @@ from .decode import MalformedRecord, decode_record
 from .emit import KafkaWriter
 from .emit.prometheus import ConsumerMetrics
 from .feedback import FeedbackJoiner
+from .judgement import OUTCOME_FAILED, OUTCOME_JUDGED, Judgement
 from .offsets import OffsetTracker
-from .pool import OUTCOME_FAILED, OUTCOME_JUDGED, Judgement
 
 logger = logging.getLogger("tracejudge.consumer")
 

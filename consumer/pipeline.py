@@ -21,8 +21,9 @@ from .emit import KafkaWriter
 from .emit.prometheus import ConsumerMetrics
 from .feedback import FeedbackJoiner
 from .ingest import Ingest
+from .judgement import OUTCOME_SAMPLED_OUT, Judgement
 from .offsets import OffsetTracker
-from .pool import OUTCOME_SAMPLED_OUT, Judgement, JudgePool
+from .pool import JudgePool
 from .settings import Settings
 
 

@@ -1,133 +1,26 @@
 """The judge pool: an asyncio loop on its own thread, so the Kafka poll loop never waits for a judge.
 
-Concurrency cap, requests-per-minute token bucket and a USD-per-hour budget; every finished job is handed back
-through `on_done` (called on the pool's thread; receivers must be thread-safe).
+Concurrency cap, requests-per-minute token bucket and a USD-per-hour budget (each call made by the metrics layer's
+`JudgeRunner`, as every runner makes them); every finished job is handed back through `on_done` (called on the pool's
+thread; receivers must be thread-safe).
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import logging
 import threading
-import time
-from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 
 from tracejudge.metrics import ConversationalEvalTestCase, EvalTestCase, HolisticJudgeMetric, MetricResult
+from tracejudge.metrics.runner import JudgeRunner, SpendWindow
+from tracejudge.metrics.tiers import TIER_BATCH
 
 from .conversations import JudgeJob
+from .judgement import OUTCOME_FAILED, OUTCOME_JUDGED, OUTCOME_SKIPPED_BUDGET, Judgement
 
 logger = logging.getLogger("tracejudge.consumer.pool")
-
-OUTCOME_JUDGED = "judged"
-OUTCOME_FAILED = "failed"
-OUTCOME_SAMPLED_OUT = "sampled_out"
-OUTCOME_SKIPPED_BUDGET = "skipped_budget"
-
-
-@dataclass(slots=True)
-class Judgement:
-    job: JudgeJob
-    outcome: str
-    results: list[MetricResult] = field(default_factory=list)
-    judged_at: float = field(default_factory=time.time)
-    shadow_results: list[MetricResult] = field(default_factory=list)  # the shadow judge's, never production verdicts
-
-
-class TokenBucket:
-    """Requests per minute, smoothed: capacity one minute's worth, refilled continuously."""
-
-    def __init__(self, per_minute: float | None) -> None:
-        self.rate = (per_minute or 0) / 60.0
-        self.capacity = float(per_minute or 0)
-        self.tokens = self.capacity
-        self.updated = time.monotonic()
-
-    async def acquire(self) -> None:
-        if self.rate <= 0:
-            return
-        while True:
-            now = time.monotonic()
-            self.tokens = min(self.capacity, self.tokens + (now - self.updated) * self.rate)
-            self.updated = now
-            if self.tokens >= 1:
-                self.tokens -= 1
-                return
-            await asyncio.sleep((1 - self.tokens) / self.rate)
-
-
-class SpendWindow:
-    """Judge spend over the last hour, plus calls in flight; the budget refills as old spend slides out.
-
-    The budget is decided when a call is about to be made: `reserve()` admits it only if what was spent, plus an
-    estimate for every call in flight, plus an estimate for this call stays within the budget; `settle()` replaces the
-    estimate with the real cost. The estimate is the mean cost of the last settled calls that cost something (a failed
-    call's zero would lower it); before any call settled it is the call's own `prior`
-    (`HolisticJudgeMetric.estimated_cost`: at the batch tier its prompt at the batch price, where the first settle can
-    be an hour away; elsewhere 0, so the overshoot is at most the calls in flight at that moment).
-    """
-
-    def __init__(self, max_per_hour: float | None, window_s: float = 3600.0, *, sample: int = 64) -> None:
-        self.max_per_hour = max_per_hour
-        self.window_s = window_s
-        self._entries: deque[tuple[float, float]] = deque()
-        self._total = 0.0
-        self._recent: deque[float] = deque(maxlen=sample)
-        self._in_flight = 0
-        self.refused = 0
-        self._lock = threading.Lock()
-
-    def record(self, cost: float) -> None:
-        with self._lock:
-            self._record(cost)
-
-    def _record(self, cost: float) -> None:
-        if cost > 0:
-            self._entries.append((time.monotonic(), cost))
-            self._total += cost
-
-    def _spent(self) -> float:
-        cutoff = time.monotonic() - self.window_s
-        while self._entries and self._entries[0][0] < cutoff:
-            self._total -= self._entries.popleft()[1]
-        return max(0.0, self._total)
-
-    def spent(self) -> float:
-        with self._lock:
-            return self._spent()
-
-    @property
-    def estimate(self) -> float:
-        """The expected cost of the next call: the mean of recent calls that cost something (0 before any)."""
-        with self._lock:
-            return sum(self._recent) / len(self._recent) if self._recent else 0.0
-
-    def reserve(self, *, force: bool = False, prior: float = 0.0) -> bool:
-        """Admit one call now (True) or refuse it for budget (False); `force` admits it anyway (still counted).
-        `prior`: the call's own estimate (its prompt at the tier's prices), used until a call has settled."""
-        with self._lock:
-            estimate = sum(self._recent) / len(self._recent) if self._recent else prior
-            committed = self._spent() + self._in_flight * estimate
-            if not force and self.max_per_hour is not None and committed + estimate > self.max_per_hour:
-                self.refused += 1
-                return False
-            self._in_flight += 1
-            return True
-
-    def settle(self, cost: float | None) -> None:
-        """A reserved call is over: its real cost replaces its estimate (None: no cost known, e.g. cancelled)."""
-        with self._lock:
-            self._in_flight = max(0, self._in_flight - 1)
-            if cost is not None and cost > 0:  # a call that cost nothing (failed) says nothing about the next one
-                self._recent.append(cost)
-                self._record(cost)
-
-    @property
-    def exhausted(self) -> bool:
-        return self.max_per_hour is not None and self.spent() >= self.max_per_hour
 
 
 class JudgePool:
@@ -151,16 +44,16 @@ class JudgePool:
         self.shadow_budget = SpendWindow(None)
         self.on_done = on_done
         self.max_concurrency = max_concurrency
-        self.bucket = TokenBucket(max_requests_per_minute)
         self.budget = SpendWindow(max_cost_per_hour)
         self.set_budget(max_cost_per_hour)
-        self.in_flight = 0
+        # Primary, canary and shadow calls share its concurrency slots and rate limit; the shadow has its own budget.
+        self.runner = JudgeRunner(max_concurrency, max_requests_per_minute, budget=self.budget)
         self._pending = 0
         self._pending_lock = threading.Lock()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run_loop, name="tracejudge-judges", daemon=True)
-        self._slots: asyncio.Semaphore | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self._jobs: dict[asyncio.Task[None], JudgeJob] = {}
         self._accepting = True
 
     def set_budget(self, max_per_hour: float | None) -> None:
@@ -189,6 +82,11 @@ class JudgePool:
         return asyncio.run_coroutine_threadsafe(run(), self._loop)
 
     @property
+    def in_flight(self) -> int:
+        """Judge calls under way (admitted by the budget, not yet settled)."""
+        return self.runner.in_flight
+
+    @property
     def pending(self) -> int:
         """Jobs submitted and not yet finished (queued for a slot or being judged)."""
         with self._pending_lock:
@@ -196,7 +94,6 @@ class JudgePool:
 
     def _run_loop(self) -> None:
         asyncio.set_event_loop(self._loop)
-        self._slots = asyncio.Semaphore(self.max_concurrency)
         self._loop.run_forever()
 
     def start(self) -> JudgePool:
@@ -214,7 +111,29 @@ class JudgePool:
     def _spawn(self, job: JudgeJob) -> None:
         task = self._loop.create_task(self._judge(job))
         self._tasks.add(task)
+        self._jobs[task] = job
         task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(lambda done: self._jobs.pop(done, None))
+
+    @property
+    def batched(self) -> bool:
+        """Every production judge is at the batch tier: a judgement in flight waits for a batch, not for a call."""
+        return bool(self.judges) and all(
+            getattr(getattr(j, "backend", None), "tier", None) == TIER_BATCH for j in self.judges
+        )
+
+    def abandon(self, partitions: set[int]) -> None:
+        """Cancel the judgements of jobs from these judge-queue partitions (thread-safe). For a batch-tier pool on
+        revocation: they wait for a batch the partitions' new owner waits for too (it reads the batch records), so
+        finishing them here would deliver every verdict twice; nothing paid is lost, the batch goes on."""
+
+        def cancel() -> None:
+            for task, job in list(self._jobs.items()):
+                if job.partition in partitions:
+                    task.cancel()
+
+        if not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(cancel)
 
     async def _evaluate(
         self,
@@ -224,26 +143,8 @@ class JudgePool:
         force: bool,
         budget: SpendWindow | None = None,
     ) -> MetricResult | None:
-        """One judge call, or None when the budget refuses it: decided here, after the concurrency slot and the
-        rate limit, so every call already in flight is counted (a burst cannot all pass an earlier check)."""
-        assert self._slots is not None
-        budget = self.budget if budget is None else budget
-        async with self._slots:
-            await self.bucket.acquire()
-            if budget.max_per_hour is not None and budget.estimate == 0:
-                with contextlib.suppress(Exception):  # a failed import is the call's own failure, reported by it
-                    await judge.backend.warm_up()  # the prior estimate reads LiteLLM's price map
-            if not budget.reserve(force=force, prior=judge.estimated_cost(case)):
-                return None
-            self.in_flight += 1
-            cost: float | None = None
-            try:
-                result = await judge.evaluate(case)
-                cost = result.cost_usd or 0.0
-            finally:
-                self.in_flight -= 1
-                budget.settle(cost)
-        return result
+        """One judge call, or None when the budget (the pool's, or `budget`) refuses it."""
+        return await self.runner.run(judge, case, force=force, budget=budget)
 
     async def _judge(self, job: JudgeJob) -> None:
         try:

@@ -8,7 +8,7 @@ from typing import Any
 
 from tracejudge.metrics import MetricResult
 
-from .pool import Judgement
+from .judgement import Judgement
 
 
 def result_id(conversation_id: str, metric: str, content: str) -> str:

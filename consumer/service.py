@@ -25,8 +25,9 @@ from tracejudge.metrics.tiers import TIER_BATCH
 from ._errors import ConsumerError
 from ._logging import quiet_kafka_connections
 from .delivery import Delivery, JudgementSink
-from .emit.prometheus import OUTCOMES, ConsumerMetrics, family_total
+from .emit.prometheus import ConsumerMetrics, family_total
 from .feedback import FeedbackJoiner
+from .judgement import OUTCOMES
 from .pool import JudgePool
 
 if TYPE_CHECKING:

@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from tracejudge.tracer.kafka_options import check_kafka_options
+from tracejudge._shared.kafka_options import check_kafka_options
 
 KNOWN_METRICS = ("failure_rate", "conversational_flow")
 # How long the first connection to the brokers may take before the command stops with one line (kafka-python's own

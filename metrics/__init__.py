@@ -1,6 +1,6 @@
 """The two holistic LLM judges, usable offline: Failure Rate and Conversational Flow Rate."""
 
-from tracejudge.tracer.errors import TracejudgeError
+from tracejudge._shared.errors import TracejudgeError
 
 from ._cases import ConversationalEvalTestCase, EvalTestCase
 from ._judge import HolisticJudgeMetric

@@ -1,8 +1,8 @@
-"""Errors of the judges, under the project's one root (tracejudge.tracer.errors)."""
+"""Errors of the judges, under the project's one root (tracejudge._shared.errors)."""
 
 from __future__ import annotations
 
-from tracejudge.tracer.errors import TracejudgeError
+from tracejudge._shared.errors import TracejudgeError
 
 
 class JudgeCallError(TracejudgeError):

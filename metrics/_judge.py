@@ -14,7 +14,7 @@ from typing import Any, ClassVar, TypeVar
 
 from pydantic import AliasChoices, BaseModel, Field, ValidationError, field_validator
 
-from tracejudge.tracer.rate_limited_log import RateLimitedLog
+from tracejudge._shared.rate_limited_log import RateLimitedLog
 
 from ._caching import cacheable_system_prompt
 from ._cases import ConversationalEvalTestCase

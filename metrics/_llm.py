@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from datetime import UTC
 from typing import Any
 
-from tracejudge.tracer.rate_limited_log import RateLimitedLog
+from tracejudge._shared.rate_limited_log import RateLimitedLog
 
 from ._errors import JudgeCallError
 from ._results import (

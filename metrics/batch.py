@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from tracejudge.tracer.rate_limited_log import RateLimitedLog
+from tracejudge._shared.rate_limited_log import RateLimitedLog
 
 from ._errors import JudgeCallError
 from ._llm import (

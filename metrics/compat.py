@@ -16,7 +16,6 @@ first exception.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -31,6 +30,7 @@ from ._results import ERROR_INTERNAL
 from ._results import MetricResult as _Judgement
 from .conversational_flow import ConversationalFlowRateMetric as _FlowJudge
 from .failure_rate import FailureRateMetric as _FailureJudge
+from .runner import JudgeRunner
 
 __all__ = [
     "ConversationalEvalTestCase",
@@ -365,21 +365,23 @@ async def evaluate_conversations(
     `score` None and `success` False instead of aborting the batch. A conversation passes when all its rows pass (so
     with no metrics it passes, as in eval_lib).
     """
-    if max_concurrency < 1:
-        raise ValueError("max_concurrency must be at least 1")
+    runner = JudgeRunner(max_concurrency)  # no rate limit, no budget
     started = time.perf_counter()
     cases = list(conv_cases)
     metric_list = list(metrics)
     if verbose:
         print(f"tracejudge.metrics.compat: {len(cases)} conversation(s) × {len(metric_list)} metric(s)", flush=True)
-    slots = asyncio.Semaphore(max_concurrency)
-    # Taken before a slot, so calls waiting for their turn on someone else's metric do not hold our judges' slots.
-    turns = {id(m): asyncio.Lock() for m in metric_list if not _concurrency_safe(m)}
+    serial = {id(m) for m in metric_list if not _concurrency_safe(m)}
 
     async def run(metric: Any, case: Any) -> MetricResult:
-        async with turns.get(id(metric)) or contextlib.nullcontext():
-            async with slots:
-                return await _judge_one(metric, case)
+        row = await runner.call(
+            metric,
+            case,
+            lambda: _judge_one(metric, case),
+            serial=id(metric) in serial,  # someone else's metric: one conversation at a time, as eval_lib calls it
+        )
+        assert row is not None  # no budget cap: never refused
+        return row
 
     entered = _override_verbose(metric_list, verbose)
     try:

@@ -9,6 +9,7 @@ from ._cases import ConversationalEvalTestCase
 from ._judge import HolisticJudgeMetric
 from ._printing import print_results_table
 from ._results import ERROR_INTERNAL, ConversationResult, MetricResult
+from .runner import JudgeRunner
 
 
 async def _guarded(metric: HolisticJudgeMetric, conversation: ConversationalEvalTestCase) -> MetricResult:
@@ -33,13 +34,12 @@ async def evaluate_conversations(
     verbose: bool = False,
 ) -> list[ConversationResult]:
     """One ConversationResult per conversation, in input order, each with one MetricResult per metric in order."""
-    if max_concurrency < 1:
-        raise ValueError("max_concurrency must be at least 1")
-    slots = asyncio.Semaphore(max_concurrency)
+    runner = JudgeRunner(max_concurrency)  # no rate limit, no budget; a metric's exception is its failed result
 
     async def run(metric: HolisticJudgeMetric, conversation: ConversationalEvalTestCase) -> MetricResult:
-        async with slots:
-            return await _guarded(metric, conversation)
+        result = await runner.call(metric, conversation, lambda: _guarded(metric, conversation))
+        assert result is not None  # no budget cap: never refused
+        return result
 
     tasks = [run(metric, conversation) for conversation in conversations for metric in metrics]
     flat = await asyncio.gather(*tasks)

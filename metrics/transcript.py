@@ -6,7 +6,7 @@ import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from tracejudge.tracer.text import clip, valid_unicode
+from tracejudge._shared.text import clip, valid_unicode
 
 from ._cases import EvalTestCase
 

@@ -1,4 +1,4 @@
-"""The layering is enforced, not hoped for: tracer (base) <- metrics <- consumer, and no import cycle anywhere.
+"""The layering is enforced, not hoped for: shared base <- tracer <- metrics <- consumer, and no import cycle anywhere.
 
 `lint-imports` checks the contracts in pyproject.toml ([tool.importlinter]); grimp, the graph library under it, finds
 any cycle between modules, imports inside functions included. Both are also run against a copy of the packages with
@@ -17,8 +17,13 @@ from pathlib import Path
 import grimp
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("tracejudge.tracer", "tracejudge.metrics", "tracejudge.consumer")
-SOURCES = {"tracer": "tracejudge.tracer", "metrics": "tracejudge.metrics", "consumer": "tracejudge.consumer"}
+PACKAGES = ("tracejudge._shared", "tracejudge.tracer", "tracejudge.metrics", "tracejudge.consumer")
+SOURCES = {  # directory -> package ([tool.setuptools.package-dir])
+    "shared": "tracejudge._shared",
+    "tracer": "tracejudge.tracer",
+    "metrics": "tracejudge.metrics",
+    "consumer": "tracejudge.consumer",
+}
 
 
 def module_cycles() -> list[list[str]]:
@@ -50,7 +55,7 @@ def lint_imports(cwd: Path, env: dict[str, str] | None = None) -> subprocess.Com
 def test_import_contracts_are_kept() -> None:
     completed = lint_imports(ROOT)
     assert completed.returncode == 0, completed.stdout + completed.stderr
-    assert "Contracts: 7 kept, 0 broken." in completed.stdout
+    assert "Contracts: 8 kept, 0 broken." in completed.stdout
 
 
 def test_no_import_cycle_anywhere() -> None:
@@ -59,11 +64,12 @@ def test_no_import_cycle_anywhere() -> None:
 
 def test_planted_violations_are_caught(tmp_path: Path) -> None:
     """A copy of the packages with an upward import, a cycle and a private import, all inside functions."""
-    for directory in SOURCES:
+    for directory, package in SOURCES.items():
         shutil.copytree(
-            ROOT / directory, tmp_path / "tracejudge" / directory, ignore=shutil.ignore_patterns("__pycache__")
+            ROOT / directory, tmp_path.joinpath(*package.split(".")), ignore=shutil.ignore_patterns("__pycache__")
         )
     planted = {
+        "_shared/_planted.py": "def f() -> None:\n    from tracejudge.tracer import setup  # noqa: F401\n",
         "tracer/_planted.py": "def f() -> None:\n    from tracejudge.consumer import cli  # noqa: F401\n",
         "metrics/cycle_a.py": "from . import cycle_b  # noqa: F401\n",
         "metrics/cycle_b.py": "def f() -> None:\n    from . import cycle_a  # noqa: F401\n",
@@ -72,6 +78,7 @@ def test_planted_violations_are_caught(tmp_path: Path) -> None:
             "def f() -> None:\n    from tracejudge.consumer.cli import options  # noqa: F401\n"
         ),
         "consumer/conversation/planted_kafka.py": "def f() -> None:\n    import kafka  # noqa: F401\n",
+        "consumer/emit/planted_pool.py": "def f() -> None:\n    from tracejudge.consumer import pool  # noqa: F401\n",
         "consumer/streams/planted_up.py": (
             "def f() -> None:\n    from tracejudge.consumer import service  # noqa: F401\n"
         ),
@@ -83,9 +90,11 @@ def test_planted_violations_are_caught(tmp_path: Path) -> None:
     completed = lint_imports(tmp_path, env)
     report = completed.stdout + completed.stderr
     assert completed.returncode != 0, report
-    assert "Contracts: 0 kept, 7 broken." in report, report
+    assert "Contracts: 0 kept, 8 broken." in report, report
     assert "tracejudge.consumer.conversation.planted_kafka -> kafka" in report
     assert "tracejudge.consumer.streams.planted_up -> tracejudge.consumer.service" in report
+    assert "tracejudge._shared._planted -> tracejudge.tracer.setup" in report
+    assert "tracejudge.consumer.emit.planted_pool -> tracejudge.consumer.pool" in report
     assert "tracejudge.tracer._planted -> tracejudge.consumer.cli" in report
     assert "tracejudge.consumer.planted_command -> tracejudge.consumer.cli.options" in report
     assert "tracejudge.consumer._planted -> tracejudge.metrics._llm" in report

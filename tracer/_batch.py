@@ -28,8 +28,9 @@ from opentelemetry.sdk.environment_variables import (
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.sdk.trace.export import SpanExporter
 
+from tracejudge._shared.rate_limited_log import RateLimitedLog
+
 from .exporter import ExporterStats
-from .rate_limited_log import RateLimitedLog
 
 logger = logging.getLogger("tracejudge.tracer.batch")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from .rate_limited_log import RateLimitedLog
+from tracejudge._shared.rate_limited_log import RateLimitedLog
 
 logger = logging.getLogger("tracejudge.tracer")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .text import clip, valid_unicode
+from tracejudge._shared.text import clip, valid_unicode
 
 MAX_CONTENT_CHARS = 100_000
 

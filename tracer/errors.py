@@ -1,12 +1,8 @@
-"""The root of every error tracejudge raises on purpose; the tracer, the judges and the consumer all derive from it."""
+"""Warnings of the tracer, said to the developer of a traced application (never raised into it)."""
 
 from __future__ import annotations
 
-__all__ = ["TracedAgentWarning", "TracejudgeError"]
-
-
-class TracejudgeError(Exception):
-    """Base class: catch this to catch anything tracejudge raises deliberately."""
+__all__ = ["TracedAgentWarning"]
 
 
 class TracedAgentWarning(UserWarning):

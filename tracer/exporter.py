@@ -19,9 +19,10 @@ from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
+from tracejudge._shared.kafka_options import check_kafka_options
+from tracejudge._shared.rate_limited_log import RateLimitedLog
+
 from .identity import conversation_id
-from .kafka_options import check_kafka_options
-from .rate_limited_log import RateLimitedLog
 from .semconv import GEN_AI_CONVERSATION_ID
 
 logger = logging.getLogger("tracejudge.tracer.exporter")

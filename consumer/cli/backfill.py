@@ -25,8 +25,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from ..conversations import JudgeJob
+from ..judgement import OUTCOME_JUDGED, OUTCOME_SAMPLED_OUT, OUTCOME_SKIPPED_BUDGET, Judgement
 from ..pipeline import Pipeline
-from ..pool import OUTCOME_JUDGED, OUTCOME_SAMPLED_OUT, OUTCOME_SKIPPED_BUDGET, Judgement
 from ..results import result_id
 from .options import EXIT_USAGE, WATCH_OPTIONS, add_consumer_flags, field_help, settings_from_args
 
@@ -382,7 +382,7 @@ class CostEstimate:
     as configured); nothing here calls a judge."""
 
     def __init__(self, settings: Any) -> None:
-        from tracejudge.tracer.redact import redact_pii
+        from tracejudge._shared.redact import redact_pii
 
         from ..app import METRIC_CLASSES
 

@@ -79,27 +79,16 @@ async def judge_items(
     on_done: Callable[[], None] | None = None,
 ) -> list[Outcome]:
     """Judge each item with each judge whose metric it has a gold label for; order follows the input."""
-    from ..pool import SpendWindow, TokenBucket
+    from tracejudge.metrics.runner import JudgeRunner
 
-    slots = asyncio.Semaphore(max_concurrency)
-    bucket = TokenBucket(max_requests_per_minute)
-    spend = SpendWindow(max_cost_per_hour)
+    runner = JudgeRunner(max_concurrency, max_requests_per_minute, max_cost_per_hour)  # the limits `consume` uses
     jobs = [(item, judge) for item in items for judge in judges if judge.name in item.labels]
 
     async def run(item: GoldItem, judge: HolisticJudgeMetric) -> Outcome:
-        async with slots:
-            await bucket.acquire()
-            # decided as in `consume`: spent + in-flight estimates + this call's estimate
-            if spend.reserve(prior=judge.estimated_cost(item.case())):
-                cost: float | None = None
-                try:
-                    result = await judge.evaluate(item.case())
-                    cost = result.cost_usd or 0.0
-                finally:
-                    spend.settle(cost)
-            else:
-                result = MetricResult(name=judge.name, threshold=judge.threshold, model=judge.model_name)
-                result.error, result.error_kind = "skipped: --max-cost-per-hour reached", SKIPPED_BUDGET
+        result = await runner.run(judge, item.case())
+        if result is None:
+            result = MetricResult(name=judge.name, threshold=judge.threshold, model=judge.model_name)
+            result.error, result.error_kind = "skipped: --max-cost-per-hour reached", SKIPPED_BUDGET
         if on_done is not None:
             on_done()
         return Outcome(item, judge.name, result)

@@ -22,7 +22,7 @@ from collections import Counter, OrderedDict
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from tracejudge.tracer.text import clip
+from tracejudge._shared.text import clip
 
 from ..adapters import ConversationEvent, Feedback, Turn
 from ..exchanges import exchanges

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from tracejudge.tracer.rate_limited_log import RateLimitedLog
+from tracejudge._shared.rate_limited_log import RateLimitedLog
 
 logger = logging.getLogger("tracejudge.consumer.kafka_writer")
 MAX_BACKOFF_S = 30.0

@@ -23,11 +23,11 @@ from opentelemetry.sdk._logs.export import LogRecordExporter, LogRecordExportRes
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode, TraceFlags, TracerProvider
 
+from tracejudge._shared.rate_limited_log import RateLimitedLog
 from tracejudge.metrics import MetricResult
-from tracejudge.tracer.rate_limited_log import RateLimitedLog
 from tracejudge.tracer.semconv import ERROR_TYPE, GEN_AI_AGENT_NAME, GEN_AI_CONVERSATION_ID
 
-from ..pool import Judgement
+from ..judgement import Judgement
 from ..results import result_id
 from .acknowledged import Ticket, ticket_for
 

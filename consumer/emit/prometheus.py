@@ -19,14 +19,13 @@ from tracejudge.metrics.conversational_flow import CONVERSATIONAL_FLOW_WEIGHTS
 from tracejudge.metrics.failure_rate import FAILURE_RATE_WEIGHTS
 
 from ..feedback import Agreement
-from ..pool import OUTCOME_FAILED, OUTCOME_JUDGED, OUTCOME_SAMPLED_OUT, OUTCOME_SKIPPED_BUDGET, Judgement
+from ..judgement import OUTCOME_SAMPLED_OUT, OUTCOMES, Judgement
 from .judge_watch import PURPOSE_LIVE, PURPOSE_SHADOW, CanaryMetrics, ShadowMetrics
 
 OTHER_AGENT = "_other"
 FAILURE_RATE = "failure_rate"
 CONVERSATIONAL_FLOW = "conversational_flow"
 VERDICTS = {FAILURE_RATE: tuple(FAILURE_RATE_WEIGHTS), CONVERSATIONAL_FLOW: tuple(CONVERSATIONAL_FLOW_WEIGHTS)}
-OUTCOMES = (OUTCOME_JUDGED, OUTCOME_SAMPLED_OUT, OUTCOME_FAILED, OUTCOME_SKIPPED_BUDGET)
 SCORE_BUCKETS = (0.0, 0.3, 0.4, 0.6, 0.7, 0.9, 1.0)
 LATENCY_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0, 120.0)
 # Completion to delivered verdict: seconds (standard), minutes (flex, batch usually), up to a day (a batch's window).

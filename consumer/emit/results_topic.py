@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import threading
 
-from ..pool import Judgement
+from ..judgement import Judgement
 from ..results import result_record
 from ._kafka_writer import KafkaWriter
 

@@ -34,8 +34,8 @@ from kafka.coordinator.assignors.cooperative_sticky import CooperativeStickyAssi
 from kafka.errors import KafkaTimeoutError
 from kafka.structs import OffsetAndMetadata
 
-from tracejudge.tracer.rate_limited_log import RateLimitedLog
-from tracejudge.tracer.text import clip
+from tracejudge._shared.rate_limited_log import RateLimitedLog
+from tracejudge._shared.text import clip
 
 from ..adapters import ConversationEvent
 from ..conversation.job import MAX_FIELD_CHARS

@@ -23,15 +23,16 @@ from kafka.coordinator.assignors.cooperative_sticky import CooperativeStickyAssi
 from kafka.errors import KafkaTimeoutError
 from kafka.structs import OffsetAndMetadata
 
-from tracejudge.tracer.rate_limited_log import RateLimitedLog
+from tracejudge._shared.rate_limited_log import RateLimitedLog
 
 from ..adapters import Feedback
 from ..conversation.job import JudgeJob
 from ..delivery import Delivery
 from ..emit.prometheus import ConsumerMetrics
 from ..feedback import FeedbackJoiner
+from ..judgement import OUTCOME_JUDGED, OUTCOME_SAMPLED_OUT, Judgement
 from ..offsets import OffsetTracker
-from ..pool import OUTCOME_JUDGED, OUTCOME_SAMPLED_OUT, Judgement, JudgePool
+from ..pool import JudgePool
 from ..settings import Settings
 from . import records as R
 from .instruments import StreamsInstruments
@@ -161,15 +162,23 @@ class JudgeWorker(AsyncConsumerRebalanceListener):
                 await self.consumer.commit_async(offsets)
             except Exception as exc:
                 logger.warning("judge-queue commit on revocation failed (jobs since are judged again): %r", exc)
+        if self.pool.batched:
+            self.pool.abandon(mine)
         self._forget(mine)
 
     async def on_partitions_lost(self, lost: Any) -> None:
-        self._forget({tp.partition for tp in lost})
+        partitions = {tp.partition for tp in lost}
+        if self.pool.batched:
+            self.pool.abandon(partitions)
+        self._forget(partitions)
 
     def _forget(self, partitions: set[int]) -> None:
         self.assigned -= partitions
         self.share_budget()
         self.offsets.forget_partitions(partitions)
+        for content, (key, _copies) in list(self._following.items()):  # their copies are on the same partition
+            if int(key.partition(":")[0]) in partitions:
+                del self._following[content]
         for partition in partitions:
             self._committed.pop(partition, None)
             if partition in self._lag_reported:

@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry
 from tracejudge.consumer.adapters import Turn
 from tracejudge.consumer.conversation.job import JudgeJob
 from tracejudge.consumer.emit.prometheus import ConsumerMetrics
-from tracejudge.consumer.pool import OUTCOME_FAILED, OUTCOME_JUDGED, Judgement
+from tracejudge.consumer.judgement import OUTCOME_FAILED, OUTCOME_JUDGED, Judgement
 from tracejudge.consumer.settings import Settings
 from tracejudge.consumer.streams import records as R
 from tracejudge.consumer.streams.instruments import StreamsInstruments
@@ -116,3 +116,58 @@ def test_a_failed_verdict_is_shared_by_its_waiting_copies_but_not_remembered() -
     assert producer.acks == [("x", "failed"), ("x", "failed")]
     judges._record(0, job_record(3, "x"))  # a failure is not a verdict: a later copy is judged
     assert [job.key for job in pool.submitted] == ["0:1", "0:3"]
+
+
+def test_revoked_partitions_forget_the_transcripts_they_were_judging() -> None:
+    """A primary cancelled with its partition (batch tier) never finishes: its copies must not wait for it forever
+    when the partition comes back; its job is read again and judged."""
+    judges, pool, _producer, _ = worker()
+    judges._record(0, job_record(4, "x"))
+    judges._forget({0})
+    judges._record(0, job_record(4, "x"))  # the partition handed back: the job is read again
+    assert [job.key for job in pool.submitted] == ["0:4", "0:4"]
+
+
+def test_a_batch_tier_pool_abandons_a_revoked_partitions_judgements_and_keeps_the_others() -> None:
+    """At the batch tier a judgement in flight waits for a batch; the partition's new owner waits for the same batch
+    (it reads the batch records): finishing it here too would deliver the verdict twice."""
+    import asyncio
+    import threading
+    import time
+
+    from tracejudge.consumer.pool import JudgePool
+    from tracejudge.metrics import FailureRateMetric
+    from tracejudge.metrics._llm import JudgeBackend, JudgeReply
+
+    answer = threading.Event()
+
+    class WaitingBatch(JudgeBackend):
+        model_name = "gpt-5-mini"
+        tier = "batch"
+
+        async def complete(self, messages, *, timeout, response_format=None):  # type: ignore[no-untyped-def]
+            await asyncio.to_thread(answer.wait, 30)
+            return JudgeReply(text='{"verdict": "stall", "evidence": [], "reason": "r"}')
+
+    done: list[str] = []
+    pool = JudgePool([FailureRateMetric(WaitingBatch())], lambda j: done.append(j.job.key)).start()
+    try:
+        assert pool.batched
+        for partition in (1, 2):
+            record = job_record(partition, f"c{partition}")
+            job, _sampled, _ms = R.job_from_json(json.loads(record.value), key=f"{partition}:0", partition=partition)
+            pool.submit(job)
+        deadline = time.monotonic() + 10
+        while pool.in_flight < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        pool.abandon({1})
+        while pool.pending > 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert pool.pending == 1 and done == []  # partition 1's judgement cancelled, not delivered
+        answer.set()
+        while not done and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert done == ["2:0"]
+    finally:
+        answer.set()
+        pool.stop(5.0)

@@ -16,7 +16,7 @@ from tracejudge.consumer.conversation.identity import content_id
 from tracejudge.consumer.conversations import JudgeJob
 from tracejudge.consumer.embedded_broker import EmbeddedBroker
 from tracejudge.consumer.emit.prometheus import ConsumerMetrics
-from tracejudge.consumer.pool import Judgement
+from tracejudge.consumer.judgement import Judgement
 from tracejudge.consumer.results import result_id
 from tracejudge.metrics import MetricResult
 

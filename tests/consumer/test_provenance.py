@@ -20,7 +20,7 @@ from tracejudge.consumer.app import build_app
 from tracejudge.consumer.conversations import JudgeJob
 from tracejudge.consumer.embedded_broker import EmbeddedBroker
 from tracejudge.consumer.emit.prometheus import ConsumerMetrics, trace_exemplar
-from tracejudge.consumer.pool import Judgement
+from tracejudge.consumer.judgement import Judgement
 from tracejudge.consumer.service import ConsumerService
 from tracejudge.metrics import ConversationalFlowRateMetric, CustomLLMClient, FailureRateMetric, MetricResult
 

@@ -178,7 +178,7 @@ def test_delivery_queues_every_judgement_even_when_recording_it_raises() -> None
     import threading
 
     from tracejudge.consumer.delivery import Delivery
-    from tracejudge.consumer.pool import OUTCOME_JUDGED, OUTCOME_SAMPLED_OUT, Judgement
+    from tracejudge.consumer.judgement import OUTCOME_JUDGED, OUTCOME_SAMPLED_OUT, Judgement
 
     class Raising:
         def record_judgement(self, judgement: object) -> None:
@@ -215,7 +215,7 @@ def test_a_raising_sink_is_counted_and_heard_and_the_others_still_deliver(caplog
 
     from tracejudge.consumer.delivery import Delivery
     from tracejudge.consumer.emit.prometheus import ConsumerMetrics
-    from tracejudge.consumer.pool import OUTCOME_JUDGED, Judgement
+    from tracejudge.consumer.judgement import OUTCOME_JUDGED, Judgement
 
     class BrokenSink:
         def emit(self, judgement: object) -> None:

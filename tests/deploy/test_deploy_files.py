@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry
 from tests.conftest import missing_part, require_binary
 from tracejudge.consumer.emit.prometheus import ConsumerMetrics
 from tracejudge.consumer.feedback import Agreement
-from tracejudge.consumer.pool import Judgement
+from tracejudge.consumer.judgement import Judgement
 from tracejudge.metrics import FailureRateMetric, MetricResult
 from tracejudge.metrics.calibration import HallucinationCalibration
 

@@ -19,8 +19,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from phonenumbers import PhoneNumberFormat, PhoneNumberType
 
-from tracejudge.tracer import redact
-from tracejudge.tracer.redact import DEFAULT_REGIONS, PiiRedactor, redact_pii
+from tracejudge._shared import redact
+from tracejudge._shared.redact import DEFAULT_REGIONS, PiiRedactor, redact_pii
 
 CORPUS = [json.loads(line) for line in (Path(__file__).with_name("redaction_corpus.jsonl")).read_text().splitlines()]
 MARKERS = re.compile(r"\[(?:PHONE|EMAIL|CARD|IBAN|API_KEY)\]")
@@ -152,6 +152,18 @@ _evidence = st.one_of(
 def test_evidence_is_never_replaced(figures: list[str], prefix: str) -> None:
     text = prefix + "; ".join(figures) + "."
     assert redact_pii(text) == text
+
+
+@pytest.mark.parametrize(
+    ("text", "redacted"),
+    [
+        ("Call log: order #2012000000.", "Call log: order #2012000000."),  # found by the property above
+        ("Call log: ticket 4155552671; ref: 2012000000", "Call log: ticket 4155552671; ref: 2012000000"),
+        ("call me at 415 555 2671, order #2012000000", "call me at [PHONE], order #2012000000"),
+    ],
+)
+def test_an_identifier_after_a_phone_word_is_evidence(text: str, redacted: str) -> None:
+    assert redact_pii(text) == redacted
 
 
 def test_a_parser_failure_fails_closed(monkeypatch: pytest.MonkeyPatch) -> None:

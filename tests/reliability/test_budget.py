@@ -14,7 +14,7 @@ from tests.consumer.test_pipeline import scripted_judge
 from tests.support.judge_server import JudgeServer, Reply
 from tests.support.pipeline import RunningConsumer, consumer_settings, play, traced_app, wait_for
 from tracejudge.consumer.embedded_broker import EmbeddedBroker
-from tracejudge.consumer.pool import SpendWindow
+from tracejudge.metrics.runner import SpendWindow
 
 
 def test_budget_stops_calls_and_counts_skips(broker: EmbeddedBroker, topic: str, judge_server: JudgeServer) -> None:

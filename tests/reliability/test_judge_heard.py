@@ -17,12 +17,12 @@ import pytest
 from tests.consumer.test_pipeline import Collect
 from tests.support.judge_server import JudgeServer, Reply, conversation_text, verdict
 from tests.support.pipeline import RunningConsumer, consumer_settings, play, traced_app, wait_for
+from tracejudge._shared.redact import redact_pii
 from tracejudge.consumer.embedded_broker import EmbeddedBroker
 from tracejudge.consumer.emit.prometheus import family_total
 from tracejudge.metrics import ConversationalEvalTestCase, EvalTestCase, FailureRateMetric, MetricResult
 from tracejudge.metrics._judge import FAILURE_LOGS, PREPARATIONS
 from tracejudge.metrics._llm import _import_litellm, classify_litellm_error
-from tracejudge.tracer.redact import redact_pii
 
 
 def _case(name: str, text: str = "Where is my order?") -> ConversationalEvalTestCase:

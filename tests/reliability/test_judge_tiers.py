@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
@@ -180,7 +179,15 @@ def test_kill_9_after_submission_polls_the_same_batch(
             timeout=90,
             what="every conversation judged",
         )
-        time.sleep(1.0)  # nothing more may come: a second judgement would be a second payment
+        from tests.reliability.test_crash import at_ends, committed_offsets, ends
+
+        queue = f"{group}-judge-queue"
+        queue_ends = ends(broker.bootstrap_servers, queue)
+        wait_for(  # the barrier: every job's outcome durable and committed, so nothing more is on its way
+            lambda: at_ends(committed_offsets(broker.bootstrap_servers, queue, f"{group}-judges"), queue_ends),
+            timeout=90,
+            what="every judge-queue job committed",
+        )
         records = [json.loads(r.value) for r in read_all(broker.bootstrap_servers, results)]
     finally:
         judge_server.batch.script.hold.set()
@@ -317,3 +324,67 @@ def test_a_budget_holds_at_the_batch_tier_before_any_batch_settled(
     )
     assert (judged, skipped) == (3, 17), (judged, skipped)
     assert lines == 3  # three requests paid for, not twenty
+
+
+def test_a_replica_joining_while_a_batch_is_in_flight_delivers_each_verdict_once(
+    broker: EmbeddedBroker, topic: str, judge_server: JudgeServer, tmp_path: Path
+) -> None:
+    """Scale-out mid-batch: judge-queue partitions move to the new replica while their judgements wait for a batch.
+    The new owner finds the batch in the batch records and waits for it; the old owner cancels those judgements
+    (it would deliver them too). One batch paid for, one verdict per conversation, every job committed."""
+    from tests.reliability.test_crash import at_ends, committed_offsets, ends
+
+    judge_server.responder = scripted
+    judge_server.batch.script.hold.clear()  # the batch stays in_progress until released
+    results, group = f"{topic}-results", f"tiers-{uuid.uuid4().hex[:6]}"
+    broker.create_topic(results, 1)
+    count = 40
+    play(traced_app(broker.bootstrap_servers, topic), conversations("join", count))
+    env = {
+        "TRACEJUDGE_JUDGE_MODEL": "gpt-5-mini",
+        "TRACEJUDGE_JUDGE_TIER": "batch",
+        "TRACEJUDGE_JUDGE_BATCH_WAIT": "1",
+        "TRACEJUDGE_JUDGE_BATCH_POLL": "0.2",
+        "TRACEJUDGE_SESSION_IDLE_TIMEOUT": "1",
+    }
+    first_log, second_log = tmp_path / "first.log", tmp_path / "second.log"
+    first = consumer_process(broker, topic, group, results, log=first_log, **env)
+    second = None
+    try:
+        wait_for(lambda: len(judge_server.batch.created) == 1, timeout=90, what="the batch submitted")
+        recorded = lambda: [  # noqa: E731
+            json.loads(r.value)
+            for r in read_all(broker.bootstrap_servers, batches_topic(group), timeout_s=5)
+            if r.value is not None
+        ]
+        wait_for(lambda: any(r.get("batch_id") for r in recorded()), timeout=30, what="the batch id recorded")
+        second = consumer_process(broker, topic, group, results, log=second_log, **env)
+        wait_for(
+            lambda: "judge-queue partitions assigned" in second_log.read_text(),
+            timeout=90,
+            what="judge-queue partitions moved to the new replica",
+        )
+        judge_server.batch.script.hold.set()
+        wait_for(
+            lambda: len(read_all(broker.bootstrap_servers, results, timeout_s=5)) >= count,
+            timeout=90,
+            what="every conversation judged",
+        )
+        queue = f"{group}-judge-queue"
+        queue_ends = ends(broker.bootstrap_servers, queue)
+        wait_for(  # the barrier: every job's outcome durable and committed, so nothing more is on its way
+            lambda: at_ends(committed_offsets(broker.bootstrap_servers, queue, f"{group}-judges"), queue_ends),
+            timeout=90,
+            what="every judge-queue job committed",
+        )
+        records = [json.loads(r.value) for r in read_all(broker.bootstrap_servers, results)]
+    finally:
+        judge_server.batch.script.hold.set()
+        for process in (first, second):
+            if process is not None:
+                process.terminate()
+                process.wait(30)
+    logs = first_log.read_text()[-2000:] + second_log.read_text()[-2000:]
+    assert len(judge_server.batch.created) == 1 and judge_server.batch.uploads == 1, logs
+    ids = sorted(r["conversation_id"] for r in records)
+    assert ids == sorted(f"join-{i}" for i in range(count)), logs  # each verdict delivered once

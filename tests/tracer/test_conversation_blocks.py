@@ -26,7 +26,7 @@ from tracejudge.consumer.adapters import extract, trace_contexts
 from tracejudge.consumer.conversations import ConversationStore, JudgeJob
 from tracejudge.consumer.decode import decode_record
 from tracejudge.consumer.embedded_broker import EmbeddedBroker
-from tracejudge.consumer.pool import Judgement
+from tracejudge.consumer.judgement import Judgement
 from tracejudge.tracer import ConversationSpanProcessor, conversation, end_conversation, setup_tracing, traced_agent
 
 TURNS = 6

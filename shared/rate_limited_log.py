@@ -1,6 +1,6 @@
 """A logger that cannot flood: the first occurrence, then at most one line per interval with a suppressed count.
 
-Public because the consumer logs per-record trouble (bad records, failing outputs) through it too.
+Shared: the tracer logs its own trouble through it, the judges their failures, the consumer per-record trouble.
 """
 
 from __future__ import annotations
