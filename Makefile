@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 export LITELLM_LOCAL_MODEL_COST_MAP := True
 
-.PHONY: install prometheus demo test bench lint clean
+.PHONY: install prometheus demo test bench lint options-table clean
 
 # `make install` (and `make test`) install everything: the consumer, the demo's broker and the test tools.
 $(VENV)/.installed: pyproject.toml
@@ -46,6 +46,10 @@ bench: install
 
 lint: install
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check . && $(VENV)/bin/mypy
+
+# docs/configuration.md's option table, made from consumer/settings.py (tests/docs fails while it differs).
+options-table: $(VENV)/.demo-installed
+	$(PY) -m tracejudge.consumer.cli.options --write docs/configuration.md
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -153,7 +153,7 @@ def _long_conversation(turns: int) -> list[tuple[str, str]]:
 
 
 def corpus() -> dict[str, list[list[tuple[str, str]]]]:
-    from tracejudge.consumer.demo import SCENARIOS
+    from tracejudge.consumer.cli.demo import SCENARIOS
 
     return {
         "demo": [list(s.turns) for s in SCENARIOS],

@@ -101,7 +101,7 @@ def static_prefixes(ours: list[dict[str, Any]], theirs: list[dict[str, Any]]) ->
 def run() -> dict[str, Any]:
     import litellm
 
-    from tracejudge.consumer.demo import SCENARIOS
+    from tracejudge.consumer.cli.demo import SCENARIOS
 
     conversations = [list(s.turns) for s in SCENARIOS]
     ours, theirs = capture(conversations)

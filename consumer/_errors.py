@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from tracejudge._shared.errors import TracejudgeError
 
+EXIT_USAGE = 2  # invalid configuration: one line on stderr (the commands, and StartupErrors the user can fix)
+
 
 class ConsumerError(TracejudgeError):
     """Something the consumer service raises on purpose."""

@@ -27,6 +27,7 @@ from tracejudge.metrics.calibration import load_hallucination_calibration
 from tracejudge.metrics.tiers import FLEX_MIN_TIMEOUT_S, TIER_BATCH, TIER_FLEX, TIER_STANDARD, has_tier_price
 from tracejudge.metrics.transcript import Redactor
 
+from ._errors import EXIT_USAGE
 from .delivery import JudgementSink
 from .emit import KafkaWriter
 from .emit.acknowledged import AcknowledgingExporter
@@ -34,7 +35,6 @@ from .emit.otel import OUTPUT as OTLP_OUTPUT
 from .emit.otel import CountedLogExporter, CountedSpanExporter, EvaluationEmitter
 from .emit.prometheus import ConsumerMetrics
 from .emit.results_topic import ResultsTopic
-from .flags import EXIT_USAGE
 from .service import ConsumerService, StartupError, reaching_kafka
 from .settings import Settings
 

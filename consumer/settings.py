@@ -23,9 +23,29 @@ _CLIENT_DEFAULTS: dict[str, Any] = {
 }
 
 
-def _env(name: str, default: Any, description: str) -> Any:
-    """A field read from environment variable `name`; its flag's --help is made of `description`, `name`, `default`."""
-    return Field(default, validation_alias=name, description=description)
+def _env(
+    name: str,
+    default: Any,
+    description: str,
+    *,
+    flag: str | None = None,
+    metavar: str | None = None,
+    repeatable: bool = False,
+    see: str | None = None,
+) -> Any:
+    """A field read from environment variable `name`, and its command-line flag (`flag`, default `--field-name`).
+
+    Everything about an option is said here once: `tracejudge.consumer.cli.options` makes the flag, its --help
+    (`description`, `name`, `default`) and docs/configuration.md's table (`see`: a docs link) from it. `metavar`
+    names the value in --help (a Literal's choices are shown without one); `repeatable` flags are given once per
+    value. Field order is --help's order."""
+    extra = {"flag": flag, "metavar": metavar, "repeatable": repeatable, "see": see}
+    return Field(
+        default,
+        validation_alias=name,
+        description=description,
+        json_schema_extra={k: v for k, v in extra.items() if v},
+    )
 
 
 def parse_pairs(value: Any, what: str) -> dict[str, str]:
@@ -95,17 +115,25 @@ class Settings(BaseSettings):
     )
     sample_rate: float = _env("TRACEJUDGE_SAMPLE_RATE", 1.0, "share of conversations judged, 0..1")
     agent_sample_rates: Annotated[dict[str, float], NoDecode] = _env(
-        "TRACEJUDGE_AGENT_SAMPLE_RATES", {}, "one agent's sample rate (repeatable)"
+        "TRACEJUDGE_AGENT_SAMPLE_RATES",
+        {},
+        "one agent's sample rate (repeatable)",
+        flag="--agent-sample-rate",
+        metavar="NAME=RATE",
+        repeatable=True,
     )
     session_idle_timeout: float = _env(
-        "TRACEJUDGE_SESSION_IDLE_TIMEOUT", 300.0, "a conversation silent this long is complete and judged"
+        "TRACEJUDGE_SESSION_IDLE_TIMEOUT",
+        300.0,
+        "a conversation silent this long is complete and judged",
+        metavar="SECONDS",
     )
     max_concurrency: int = _env("TRACEJUDGE_MAX_CONCURRENCY", 16, "judge calls in flight at most")
     max_requests_per_minute: float | None = _env(
         "TRACEJUDGE_MAX_REQUESTS_PER_MINUTE", None, "judge calls per minute at most (none: unlimited)"
     )
     max_cost_per_hour: float | None = _env(
-        "TRACEJUDGE_MAX_COST_PER_HOUR", None, "judge spend per hour at most (none: unlimited)"
+        "TRACEJUDGE_MAX_COST_PER_HOUR", None, "judge spend per hour at most (none: unlimited)", metavar="USD"
     )
     metrics_host: str = _env("TRACEJUDGE_METRICS_HOST", "0.0.0.0", "address of the Prometheus /metrics endpoint")
     metrics_port: int = _env("TRACEJUDGE_METRICS_PORT", 9464, "port of the Prometheus /metrics endpoint")
@@ -125,7 +153,11 @@ class Settings(BaseSettings):
         "TRACEJUDGE_DEAD_LETTER_TOPIC", None, "Kafka topic for records that cannot be read (none: off)"
     )
     kafka_config: Annotated[dict[str, Any], NoDecode] = _env(
-        "TRACEJUDGE_KAFKA_CONFIG", {}, "a Kafka client option, e.g. security_protocol=SASL_SSL (repeatable)"
+        "TRACEJUDGE_KAFKA_CONFIG",
+        {},
+        "a Kafka client option, e.g. security_protocol=SASL_SSL (repeatable)",
+        metavar="KEY=VALUE",
+        repeatable=True,
     )
     window_sessions: int = _env(
         "TRACEJUDGE_WINDOW_SESSIONS", 100, "rates cover each agent's last N judged conversations"
@@ -137,9 +169,9 @@ class Settings(BaseSettings):
         "TRACEJUDGE_REDACT", True, "replace e-mails, phone numbers, cards, IBANs and keys before the judge sees them"
     )
     shutdown_grace: float = _env(
-        "TRACEJUDGE_SHUTDOWN_GRACE", 30.0, "seconds in-flight judgements get to finish on SIGTERM"
+        "TRACEJUDGE_SHUTDOWN_GRACE", 30.0, "seconds in-flight judgements get to finish on SIGTERM", metavar="SECONDS"
     )
-    judge_timeout: float = _env("TRACEJUDGE_JUDGE_TIMEOUT", 60.0, "seconds per judge call attempt")
+    judge_timeout: float = _env("TRACEJUDGE_JUDGE_TIMEOUT", 60.0, "seconds per judge call attempt", metavar="SECONDS")
     judge_check: bool = _env(
         "TRACEJUDGE_JUDGE_CHECK",
         True,
@@ -151,6 +183,7 @@ class Settings(BaseSettings):
         "standard",
         "the provider's service tier: standard, flex (half price, slower; standard when refused for capacity) or "
         "batch (half price through the Batch API; verdicts within the provider's window, usually minutes)",
+        see="tiers.md",
     )
     judge_batch_size: int = _env(
         "TRACEJUDGE_JUDGE_BATCH_SIZE", 500, "--judge-tier batch: judge requests gathered into one batch at most"
@@ -159,9 +192,13 @@ class Settings(BaseSettings):
         "TRACEJUDGE_JUDGE_BATCH_WAIT",
         60.0,
         "--judge-tier batch: seconds the first request of a batch waits for others before the batch is submitted",
+        metavar="SECONDS",
     )
     judge_batch_poll: float = _env(
-        "TRACEJUDGE_JUDGE_BATCH_POLL", 30.0, "--judge-tier batch: seconds between polls of a submitted batch"
+        "TRACEJUDGE_JUDGE_BATCH_POLL",
+        30.0,
+        "--judge-tier batch: seconds between polls of a submitted batch",
+        metavar="SECONDS",
     )
     threshold: float = _env("TRACEJUDGE_THRESHOLD", 0.7, "a score at or above this passes")
     max_open_conversations: int = _env(
@@ -175,13 +212,23 @@ class Settings(BaseSettings):
     max_record_bytes: int = _env(
         "TRACEJUDGE_MAX_RECORD_BYTES", 8 * 1024 * 1024, "larger Kafka records are skipped as malformed"
     )
-    commit_interval: float = _env("TRACEJUDGE_COMMIT_INTERVAL", 2.0, "seconds between offset commits")
+    commit_interval: float = _env(
+        "TRACEJUDGE_COMMIT_INTERVAL", 2.0, "seconds between offset commits", metavar="SECONDS"
+    )
     log_format: Literal["text", "json"] = _env("TRACEJUDGE_LOG_FORMAT", "text", "log line format")
     log_level: str = _env("TRACEJUDGE_LOG_LEVEL", "INFO", "log level")
+    calibration: str | None = _env(
+        "TRACEJUDGE_CALIBRATION",
+        None,
+        "a `tracejudge calibrate --output` report: correct hallucination rates for judge error",
+        metavar="REPORT.json",
+        see="calibration.md#hallucination-rates-corrected-for-judge-error",
+    )
     role: Literal["all", "assemble", "judge"] = _env(
         "TRACEJUDGE_ROLE",
         "all",
         "stages this process runs: all, assemble (spans to conversations) or judge (the judge queue)",
+        see="state.md#scaling-each-stage",
     )
     group_instance_id: str | None = _env(
         "TRACEJUDGE_GROUP_INSTANCE_ID",
@@ -192,37 +239,37 @@ class Settings(BaseSettings):
         "TRACEJUDGE_STATE_RETENTION",
         86_400.0,
         "seconds a completed conversation is kept for continuations and late feedback (record time)",
+        metavar="SECONDS",
     )
     max_state_bytes: int = _env(
         "TRACEJUDGE_MAX_STATE_BYTES",
         512 * 1024 * 1024,
         "conversation state held in memory at most; past it the oldest completed ones are forgotten",
     )
-    end_grace: float = _env(
-        "TRACEJUDGE_END_GRACE",
-        2.0,
-        "seconds an end marker waits for turns routed from other partitions (spans not keyed by conversation id)",
-    )
     max_conversation_bytes: int = _env(
         "TRACEJUDGE_MAX_CONVERSATION_BYTES",
         262_144,
         "UTF-8 bytes of text kept per conversation (its newest turns; the judge's window is smaller)",
     )
-    calibration: str | None = _env(
-        "TRACEJUDGE_CALIBRATION",
-        None,
-        "a `tracejudge calibrate --output` report: correct hallucination rates for judge error",
+    end_grace: float = _env(
+        "TRACEJUDGE_END_GRACE",
+        2.0,
+        "seconds an end marker waits for turns routed from other partitions (spans not keyed by conversation id)",
+        metavar="SECONDS",
     )
     canary_interval: float | None = _env(
         "TRACEJUDGE_CANARY_INTERVAL",
         None,
         "judge the canary set through the live judges this often, e.g. 1h, 30m, 5s (none: off)",
+        metavar="DURATION",
+        see="switching-judges.md#the-canary",
     )
     canary_dataset: str | None = _env(
         "TRACEJUDGE_CANARY_DATASET",
         None,
         "the canary's labelled conversations in the calibrate format (none: a balanced 24-conversation subset of "
         "the built-in gold set)",
+        metavar="PATH.jsonl",
     )
     canary_accuracy_floor: float | None = _env(
         "TRACEJUDGE_CANARY_ACCURACY_FLOOR",
@@ -236,6 +283,7 @@ class Settings(BaseSettings):
         "TRACEJUDGE_SHADOW_JUDGE_MODEL",
         None,
         "a second judge model run on a sample of the judged conversations, reported apart (none: off)",
+        see="switching-judges.md#the-shadow-judge",
     )
     shadow_sample_rate: float = _env(
         "TRACEJUDGE_SHADOW_SAMPLE_RATE", 0.1, "share of the judged conversations the shadow judge also judges, 0..1"

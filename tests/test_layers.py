@@ -55,7 +55,7 @@ def lint_imports(cwd: Path, env: dict[str, str] | None = None) -> subprocess.Com
 def test_import_contracts_are_kept() -> None:
     completed = lint_imports(ROOT)
     assert completed.returncode == 0, completed.stdout + completed.stderr
-    assert "Contracts: 7 kept, 0 broken." in completed.stdout
+    assert "Contracts: 8 kept, 0 broken." in completed.stdout
 
 
 def test_no_import_cycle_anywhere() -> None:
@@ -74,6 +74,9 @@ def test_planted_violations_are_caught(tmp_path: Path) -> None:
         "metrics/cycle_a.py": "from . import cycle_b  # noqa: F401\n",
         "metrics/cycle_b.py": "def f() -> None:\n    from . import cycle_a  # noqa: F401\n",
         "consumer/_planted.py": "def f() -> None:\n    from tracejudge.metrics import _llm  # noqa: F401\n",
+        "consumer/planted_command.py": (
+            "def f() -> None:\n    from tracejudge.consumer.cli import options  # noqa: F401\n"
+        ),
         "consumer/conversation/planted_kafka.py": "def f() -> None:\n    import kafka  # noqa: F401\n",
         "consumer/emit/planted_pool.py": "def f() -> None:\n    from tracejudge.consumer import pool  # noqa: F401\n",
         "consumer/streams/planted_up.py": (
@@ -87,12 +90,13 @@ def test_planted_violations_are_caught(tmp_path: Path) -> None:
     completed = lint_imports(tmp_path, env)
     report = completed.stdout + completed.stderr
     assert completed.returncode != 0, report
-    assert "Contracts: 0 kept, 7 broken." in report, report
+    assert "Contracts: 0 kept, 8 broken." in report, report
     assert "tracejudge.consumer.conversation.planted_kafka -> kafka" in report
     assert "tracejudge.consumer.streams.planted_up -> tracejudge.consumer.service" in report
     assert "tracejudge._shared._planted -> tracejudge.tracer.setup" in report
     assert "tracejudge.consumer.emit.planted_pool -> tracejudge.consumer.pool" in report
     assert "tracejudge.tracer._planted -> tracejudge.consumer.cli" in report
+    assert "tracejudge.consumer.planted_command -> tracejudge.consumer.cli.options" in report
     assert "tracejudge.consumer._planted -> tracejudge.metrics._llm" in report
     assert "No cycles are allowed in tracejudge.metrics." in report and ".cycle_b -> .cycle_a" in report
 

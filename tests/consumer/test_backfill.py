@@ -174,8 +174,8 @@ def backfill_args(broker: EmbeddedBroker, topic: str, start_ms: int, end_ms: int
 
 def run_in_process(argv: list[str], summary: Path, timeout_s: float = 90.0) -> tuple[int | None, dict]:
     """run_backfill in a thread: a hang shows as a timeout instead of blocking the suite."""
-    from tracejudge.consumer.backfill import run_backfill
-    from tracejudge.consumer.cli import build_parser
+    from tracejudge.consumer.cli.backfill import run_backfill
+    from tracejudge.consumer.cli.parser import build_parser
 
     outcome: list[int] = []
     namespace = build_parser().parse_args(argv)
@@ -243,7 +243,8 @@ def test_backfill_finishes_when_a_sink_raises_and_reports_unread_partitions(
 ) -> None:
     import kafka
 
-    from tracejudge.consumer import app, backfill
+    from tracejudge.consumer import app
+    from tracejudge.consumer.cli import backfill
 
     judge_server.responder = scripted_judge
     tracer = TracerProvider().get_tracer("backfill")

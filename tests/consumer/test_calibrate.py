@@ -18,8 +18,9 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from tests.support.judge_server import JudgeServer, Reply, conversation_text, metric_of, verdict
 from tests.support.pipeline import RunningConsumer, consumer_settings, play, traced_app, wait_for
-from tracejudge.consumer.calibrate import LABELS, Outcome, load_dataset, metric_report, run_calibrate
-from tracejudge.consumer.cli import build_parser, main
+from tracejudge.consumer.cli import main
+from tracejudge.consumer.cli.calibrate import LABELS, Outcome, load_dataset, metric_report, run_calibrate
+from tracejudge.consumer.cli.parser import build_parser
 from tracejudge.consumer.embedded_broker import EmbeddedBroker
 from tracejudge.consumer.emit.prometheus import ConsumerMetrics
 from tracejudge.metrics import ConversationalFlowRateMetric, CustomLLMClient, FailureRateMetric, MetricResult

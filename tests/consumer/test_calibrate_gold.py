@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.support.judge_server import JudgeServer, Reply, conversation_text, metric_of, verdict
-from tracejudge.consumer.calibrate import load_dataset
+from tracejudge.consumer.cli.calibrate import load_dataset
 
 ROOT = Path(__file__).resolve().parents[2]
 TRACKING = "JD014600006281735520"

@@ -20,7 +20,7 @@ import pytest
 from tests.support.judge_server import JudgeServer, Reply, conversation_text
 from tests.support.pipeline import ROOT, RunningConsumer, consumer_settings, play, result_records, traced_app, wait_for
 from tracejudge.consumer.cli import main
-from tracejudge.consumer.compare import pair_up
+from tracejudge.consumer.cli.compare import pair_up
 from tracejudge.consumer.embedded_broker import EmbeddedBroker
 from tracejudge.consumer.pool import JudgePool
 from tracejudge.metrics import FailureRateMetric

@@ -19,7 +19,7 @@ import pytest
 
 from tests.support.judge_server import JudgeServer, Reply, verdict
 from tracejudge.consumer.cli import main
-from tracejudge.consumer.flags import EXIT_JUDGE_UNAVAILABLE, EXIT_USAGE
+from tracejudge.consumer.cli.options import EXIT_JUDGE_UNAVAILABLE, EXIT_USAGE
 from tracejudge.metrics.judge_check import judge_model_problem
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -9,7 +9,8 @@ import time
 import pytest
 
 from tracejudge.consumer.adapters import ConversationEvent, Turn
-from tracejudge.consumer.cli import build_parser, settings_from_args
+from tracejudge.consumer.cli.options import settings_from_args
+from tracejudge.consumer.cli.parser import build_parser
 from tracejudge.consumer.conversations import ConversationStore
 from tracejudge.consumer.offsets import OffsetTracker
 from tracejudge.consumer.sampling import Sampler, sample_point

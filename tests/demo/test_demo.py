@@ -10,8 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tracejudge.consumer.cli import build_parser
-from tracejudge.consumer.demo import (
+from tracejudge.consumer.cli.demo import (
     SCENARIOS,
     SCRIPTED_NOTICE,
     SUMMARY_COLUMNS,
@@ -20,6 +19,7 @@ from tracejudge.consumer.demo import (
     closing_text,
     expected_summary,
 )
+from tracejudge.consumer.cli.parser import build_parser
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -17,6 +17,8 @@ from tracejudge.metrics import CustomLLMClient
 from tracejudge.metrics.conversational_flow import CONVERSATIONAL_FLOW_SYSTEM_PROMPT
 from tracejudge.metrics.transcript import END, START
 
+from .options import WATCH_OPTIONS, add_consumer_flags, settings_from_args
+
 SCRIPTED_NOTICE = "scripted judge (offline demo): verdicts are the scenario labels, not an LLM's"
 
 
@@ -252,6 +254,26 @@ def summarise(registry: Any, agents: list[str]) -> dict[str, dict[str, Any]]:
     return summary
 
 
+# Consumer flags the demo sets itself (its own topic, group and idle timeout) or has no use for.
+DEMO_SKIPS = ("topic", "group_id", "start_from", "session_idle_timeout", "calibration", "judge_check", *WATCH_OPTIONS)
+DEMO_DEFAULTS = {  # what --help shows as the demo's defaults
+    "bootstrap_servers": "an embedded broker",
+    "judge_model": "a scripted judge",
+    "metrics_host": "127.0.0.1",
+    "metrics_port": "a free port",
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_consumer_flags(parser, skip=DEMO_SKIPS, defaults=DEMO_DEFAULTS)
+    parser.add_argument(
+        "--serve", action="store_true", help="keep running after the demo for Prometheus and Grafana (default off)"
+    )
+    parser.add_argument(
+        "--seconds-idle", type=float, default=3.0, help="the demo's conversation idle timeout (default %(default)s)"
+    )
+
+
 def run_demo(namespace: argparse.Namespace) -> int:
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     from prometheus_client import CollectorRegistry
@@ -261,11 +283,10 @@ def run_demo(namespace: argparse.Namespace) -> int:
 
     from tracejudge.tracer import setup_tracing
 
-    from ._logging import configure_logging
-    from .app import build_app
-    from .embedded_broker import EmbeddedBroker
-    from .emit.prometheus import family_total
-    from .flags import settings_from_args
+    from .._logging import configure_logging
+    from ..app import build_app
+    from ..embedded_broker import EmbeddedBroker
+    from ..emit.prometheus import family_total
 
     console = Console()
     configure_logging("WARNING")
@@ -447,7 +468,6 @@ def closing_text(*, scripted: bool) -> str:
 
 
 def given_kafka_config(namespace: argparse.Namespace) -> dict[str, Any]:
-    from .flags import settings_from_args
 
     return settings_from_args(namespace).kafka_config
 
@@ -463,7 +483,7 @@ def _create_topic(bootstrap: str, topic: str) -> None:
 
 
 def _print_summary(console: Any, summary: dict[str, dict[str, Any]], registry: Any, table_cls: Any) -> None:
-    from .emit.prometheus import family_total
+    from ..emit.prometheus import family_total
 
     table = table_cls(title="tracejudge demo: per agent")
     for column in SUMMARY_COLUMNS:

@@ -12,8 +12,8 @@ import sys
 
 from tracejudge.metrics.judge_check import ERROR_RATE_LIMITED, JudgeCallError, check_judge_model, judge_model_problem
 
-from .flags import EXIT_JUDGE_UNAVAILABLE, EXIT_USAGE
-from .settings import Settings
+from ..settings import Settings
+from .options import EXIT_JUDGE_UNAVAILABLE, EXIT_USAGE
 
 OPT_OUT = "--no-judge-check / TRACEJUDGE_JUDGE_CHECK=false"
 

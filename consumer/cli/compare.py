@@ -18,7 +18,7 @@ from typing import Any
 
 from tracejudge.metrics.calibration import cohen_kappa, confusion_matrix, proportion_interval
 
-from .gold import KAPPA_WEIGHTING, LABELS
+from ..gold import KAPPA_WEIGHTING, LABELS
 
 EXIT_OK, EXIT_BELOW, EXIT_USAGE = 0, 1, 2
 SIDES = ("shadow", "model", "rubric_version")
@@ -182,7 +182,7 @@ def read_results(settings: Any) -> list[dict[str, Any]]:
     not answer. An unreadable record is skipped (counted in the report)."""
     from kafka import KafkaConsumer, TopicPartition
 
-    from .service import reaching_kafka
+    from ..service import reaching_kafka
 
     config = {"enable_auto_commit": False, **settings.consumer_config()}
     with reaching_kafka(settings.bootstrap_servers, config):
@@ -254,10 +254,10 @@ def run_compare(namespace: argparse.Namespace) -> int:
     """0; 1 when an agreement is below --min-agreement; 2 for a usage error; 69 when Kafka does not answer."""
     from rich.console import Console
 
-    from ._logging import configure_logging
+    from .._logging import configure_logging
+    from ..service import StartupError
     from .backfill import parse_time
-    from .flags import settings_from_args
-    from .service import StartupError
+    from .options import settings_from_args
 
     settings = settings_from_args(namespace)
     try:

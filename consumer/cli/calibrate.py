@@ -31,7 +31,7 @@ from tracejudge.metrics.calibration import (
     confusion_matrix,
 )
 
-from .gold import (  # the dataset format lives in gold.py (the consumer's canary reads it too); names kept here
+from ..gold import (  # the dataset format lives in gold.py (the consumer's canary reads it too); names kept here
     KAPPA_WEIGHTING,
     LABELS,
     Dataset,
@@ -255,9 +255,9 @@ def run_calibrate(namespace: argparse.Namespace, judge: str | CustomLLMClient | 
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from ._logging import configure_logging
-    from .app import build_judges
-    from .flags import settings_from_args
+    from .._logging import configure_logging
+    from ..app import build_judges
+    from .options import settings_from_args
 
     settings = settings_from_args(namespace)
     if namespace.min_accuracy is not None and not 0.0 <= namespace.min_accuracy <= 1.0:

@@ -24,11 +24,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from .conversations import JudgeJob
-from .flags import EXIT_USAGE
-from .judgement import OUTCOME_JUDGED, OUTCOME_SAMPLED_OUT, OUTCOME_SKIPPED_BUDGET, Judgement
-from .pipeline import Pipeline
-from .results import result_id
+from ..conversations import JudgeJob
+from ..judgement import OUTCOME_JUDGED, OUTCOME_SAMPLED_OUT, OUTCOME_SKIPPED_BUDGET, Judgement
+from ..pipeline import Pipeline
+from ..results import result_id
+from .options import EXIT_USAGE, WATCH_OPTIONS, add_consumer_flags, field_help, settings_from_args
 
 logger = logging.getLogger("tracejudge.backfill")
 # Timestamps within a partition are only roughly ordered (several producers): read this far past --to.
@@ -38,6 +38,50 @@ MAX_IDLE_POLLS = 20
 EXIT_INCOMPLETE = 1
 # --dry-run's estimate of a verdict's length (JSON: label, evidence, reason), in output tokens per judge call.
 ESTIMATED_OUTPUT_TOKENS = 200
+
+
+# Consumer flags that mean nothing to backfill: no group or commits, no /metrics served (its registry is discarded),
+# no backpressure (the range is read once), its own --sample-rate, and no calibrated rates.
+BACKFILL_SKIPS = (
+    "group_id",
+    "start_from",
+    "sample_rate",
+    "calibration",
+    "metrics_host",
+    "metrics_port",
+    "max_agents",
+    "window_sessions",
+    "window_seconds",
+    "max_open_conversations",
+    "commit_interval",
+    *WATCH_OPTIONS,
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--from", dest="start", required=True, metavar="TIME", help="start: ISO 8601 or Unix seconds (required)"
+    )
+    parser.add_argument("--to", dest="end", required=True, metavar="TIME", help="end, exclusive: as --from (required)")
+    parser.add_argument("--agent", default=None, help="only this agent's conversations (default all)")
+    parser.add_argument(
+        "--sample-rate",
+        dest="backfill_sample_rate",
+        type=float,
+        default=None,
+        metavar="RATE",
+        help=field_help("sample_rate"),
+    )
+    parser.add_argument(
+        "--rejudge", action="store_true", help="judge again what the results topic already has (default off)"
+    )
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="read the range, call no judge: print how many conversations would be judged and the estimated "
+        "judge cost (default off)",
+    )
+    add_consumer_flags(parser, skip=BACKFILL_SKIPS)
 
 
 def parse_time(text: str) -> datetime:
@@ -182,7 +226,7 @@ def read_range(
 
 def _selector(namespace: argparse.Namespace, settings: Any, existing: set[str], report: BackfillReport) -> Any:
     """Which complete conversations backfill judges; the others go out as sampled out (counted by reason)."""
-    from .sampling import Sampler
+    from ..sampling import Sampler
 
     rate = namespace.backfill_sample_rate if namespace.backfill_sample_rate is not None else settings.sample_rate
     sampler = Sampler(rate, settings.agent_sample_rates)
@@ -220,9 +264,8 @@ def _refuse_without_output(namespace: argparse.Namespace, settings: Any) -> bool
 
 def run_backfill(namespace: argparse.Namespace) -> int:
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-    from ._logging import configure_logging
-    from .flags import settings_from_args
-    from .service import StartupError
+    from .._logging import configure_logging
+    from ..service import StartupError
 
     try:
         start, end = parse_time(namespace.start), parse_time(namespace.end)
@@ -259,7 +302,7 @@ def _connect(settings: Any) -> Any:
     """The reading consumer (no group, no commits); KafkaUnreachable when the brokers do not answer."""
     from kafka import KafkaConsumer
 
-    from .service import reaching_kafka
+    from ..service import reaching_kafka
 
     config = {"enable_auto_commit": False, **settings.consumer_config()}
     with reaching_kafka(settings.bootstrap_servers, config):
@@ -292,7 +335,7 @@ def _dry_run(namespace: argparse.Namespace, settings: Any, consumer: Any, start:
     from prometheus_client import CollectorRegistry
     from rich.console import Console
 
-    from .emit.prometheus import ConsumerMetrics
+    from ..emit.prometheus import ConsumerMetrics
 
     report = BackfillReport(dry_run=True)
     start_ms, end_ms = int(start.timestamp() * 1000), int(end.timestamp() * 1000)
@@ -341,7 +384,7 @@ class CostEstimate:
     def __init__(self, settings: Any) -> None:
         from tracejudge._shared.redact import redact_pii
 
-        from .app import METRIC_CLASSES
+        from ..app import METRIC_CLASSES
 
         self.model = settings.judge_model
         redactor = redact_pii if settings.redact else None
@@ -433,10 +476,10 @@ def _judge_range(namespace: argparse.Namespace, settings: Any, consumer: Any, st
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-    from .app import build_judges, build_outputs
-    from .emit import KafkaWriter
-    from .emit.prometheus import ConsumerMetrics
-    from .service import reaching_kafka
+    from ..app import build_judges, build_outputs
+    from ..emit import KafkaWriter
+    from ..emit.prometheus import ConsumerMetrics
+    from ..service import reaching_kafka
 
     console = Console()
     report = BackfillReport()

@@ -14,7 +14,7 @@ import sys
 import threading
 from typing import Any
 
-from .embedded_broker import BrokerUnavailable, EmbeddedBroker
+from ..embedded_broker import BrokerUnavailable, EmbeddedBroker
 
 DEFAULT_PORT = 9092
 DEFAULT_TOPIC = "otlp_spans"
