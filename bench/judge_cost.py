@@ -34,7 +34,7 @@ from typing import Any
 from bench.judge_tokens import _kind, capture, static_prefixes
 from tracejudge.metrics import ConversationalFlowRateMetric, FailureRateMetric
 from tracejudge.metrics._caching import caching_minimum, prompt_for_minimum
-from tracejudge.metrics._llm import needs_cache_breakpoint
+from tracejudge.metrics._litellm import needs_cache_breakpoint
 from tracejudge.metrics.tiers import TIER_BATCH, TIER_FLEX, TIER_STANDARD, has_tier_price, tier_cost
 
 THEIRS = "eval-ai-library 0.8.2"

@@ -3,8 +3,8 @@
 from tracejudge._shared.errors import TracejudgeError
 
 from ._cases import ConversationalEvalTestCase, EvalTestCase
+from ._client import CustomLLMClient
 from ._judge import HolisticJudgeMetric
-from ._llm import CustomLLMClient
 from ._results import ConversationResult, MetricResult
 from .conversational_flow import ConversationalFlowRateMetric
 from .evaluate import evaluate_conversations

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 
-from ._llm import needs_cache_breakpoint
+from ._litellm import needs_cache_breakpoint
 
 # Minimum cacheable prefix by model family, first match wins, over the lowercase LiteLLM model string. Only families
 # above our rubrics' length matter here: everything else (OpenAI's automatic caching, other Claude models) caches

@@ -16,19 +16,12 @@ from pydantic import AliasChoices, BaseModel, Field, ValidationError, field_vali
 
 from tracejudge._shared.rate_limited_log import RateLimitedLog
 
+from ._backends import TIER_FALLBACKS, JudgeBackend, resolve_backend
 from ._caching import cacheable_system_prompt
 from ._cases import ConversationalEvalTestCase
+from ._client import CustomLLMClient, JudgeReply
 from ._errors import InvalidJudgeAnswer, JudgeCallError
-from ._llm import (
-    _LITELLM_IMPORTED,
-    TIER_FALLBACKS,
-    CustomLLMClient,
-    JudgeBackend,
-    JudgeReply,
-    RetryPolicy,
-    call_with_retries,
-    resolve_backend,
-)
+from ._litellm import _LITELLM_IMPORTED
 from ._printing import print_metric_result
 from ._results import (
     ERROR_AUTH,
@@ -44,6 +37,7 @@ from ._results import (
     ERROR_TIMEOUT,
     MetricResult,
 )
+from ._retries import RetryPolicy, call_with_retries
 from .transcript import DEFAULT_BUDGET_TOKENS, Redactor, render_transcript, user_message
 
 logger = logging.getLogger("tracejudge.metrics")

@@ -24,20 +24,19 @@ from typing import Any, Protocol
 
 from tracejudge._shared.rate_limited_log import RateLimitedLog
 
+from ._backends import JudgeBackend, LiteLLMBackend
+from ._client import JudgeReply
 from ._errors import JudgeCallError
-from ._llm import (
+from ._litellm import (
     _LITELLM_IMPORTED,
-    JudgeBackend,
-    JudgeReply,
-    LiteLLMBackend,
     _import_litellm,
-    classify_litellm_error,
     litellm_model_string,
     needs_cache_breakpoint,
-    usage_tokens,
     with_cache_breakpoint,
 )
+from ._provider_errors import classify_litellm_error
 from ._results import ERROR_BAD_REQUEST, ERROR_INTERNAL, ERROR_SERVER
+from ._usage import usage_tokens
 from .tiers import BATCH_PROVIDERS, TIER_BATCH, tier_cost
 
 __all__ = [

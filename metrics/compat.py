@@ -22,10 +22,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from ._backends import resolve_backend
 from ._cases import ConversationalEvalTestCase, EvalTestCase
+from ._client import CustomLLMClient as _JudgeClient
 from ._judge import HolisticJudgeMetric
-from ._llm import CustomLLMClient as _JudgeClient
-from ._llm import resolve_backend
 from ._results import ERROR_INTERNAL
 from ._results import MetricResult as _Judgement
 from .conversational_flow import ConversationalFlowRateMetric as _FlowJudge

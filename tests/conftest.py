@@ -34,7 +34,7 @@ def require_binary(name: str) -> str:
 
 @pytest.fixture
 def judge_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[JudgeServer]:
-    from tracejudge.metrics._llm import RESPONSE_MODES
+    from tracejudge.metrics._response_modes import RESPONSE_MODES
 
     RESPONSE_MODES.forget()  # a new server is a new "provider": what a model accepted is learnt again
     server = JudgeServer().start()

@@ -73,7 +73,7 @@ def test_planted_violations_are_caught(tmp_path: Path) -> None:
         "tracer/_planted.py": "def f() -> None:\n    from tracejudge.consumer import cli  # noqa: F401\n",
         "metrics/cycle_a.py": "from . import cycle_b  # noqa: F401\n",
         "metrics/cycle_b.py": "def f() -> None:\n    from . import cycle_a  # noqa: F401\n",
-        "consumer/_planted.py": "def f() -> None:\n    from tracejudge.metrics import _llm  # noqa: F401\n",
+        "consumer/_planted.py": "def f() -> None:\n    from tracejudge.metrics import _backends  # noqa: F401\n",
         "consumer/planted_command.py": (
             "def f() -> None:\n    from tracejudge.consumer.cli import options  # noqa: F401\n"
         ),
@@ -97,7 +97,7 @@ def test_planted_violations_are_caught(tmp_path: Path) -> None:
     assert "tracejudge.consumer.emit.planted_pool -> tracejudge.consumer.pool" in report
     assert "tracejudge.tracer._planted -> tracejudge.consumer.cli" in report
     assert "tracejudge.consumer.planted_command -> tracejudge.consumer.cli.options" in report
-    assert "tracejudge.consumer._planted -> tracejudge.metrics._llm" in report
+    assert "tracejudge.consumer._planted -> tracejudge.metrics._backends" in report
     assert "No cycles are allowed in tracejudge.metrics." in report and ".cycle_b -> .cycle_a" in report
 
     script = "import json; from tests.test_layers import module_cycles; print(json.dumps(module_cycles()))"

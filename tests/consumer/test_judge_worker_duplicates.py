@@ -137,7 +137,8 @@ def test_a_batch_tier_pool_abandons_a_revoked_partitions_judgements_and_keeps_th
 
     from tracejudge.consumer.pool import JudgePool
     from tracejudge.metrics import FailureRateMetric
-    from tracejudge.metrics._llm import JudgeBackend, JudgeReply
+    from tracejudge.metrics._backends import JudgeBackend
+    from tracejudge.metrics._client import JudgeReply
 
     answer = threading.Event()
 

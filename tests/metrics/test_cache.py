@@ -26,7 +26,8 @@ from tracejudge.metrics import (
     FailureRateMetric,
 )
 from tracejudge.metrics._caching import caching_minimum, estimated_tokens, with_worked_examples
-from tracejudge.metrics._llm import needs_cache_breakpoint, usage_tokens, with_cache_breakpoint
+from tracejudge.metrics._litellm import needs_cache_breakpoint, with_cache_breakpoint
+from tracejudge.metrics._usage import usage_tokens
 from tracejudge.metrics.conversational_flow import CONVERSATIONAL_FLOW_EXTENDED_EXAMPLES
 from tracejudge.metrics.failure_rate import FAILURE_RATE_EXTENDED_EXAMPLES
 
@@ -253,7 +254,7 @@ def test_extended_rubric_clears_4096_and_base_rubric_is_unchanged() -> None:
     ],
 )
 def test_which_models_get_the_extended_rubric(model: str, minimum: int | None, extended: bool) -> None:
-    from tracejudge.metrics._llm import litellm_model_string
+    from tracejudge.metrics._litellm import litellm_model_string
 
     assert caching_minimum(litellm_model_string(model)) == minimum
     for cls in METRICS:

@@ -22,7 +22,7 @@ from tracejudge.metrics import (
     MetricResult,
     evaluate_conversations,
 )
-from tracejudge.metrics._llm import litellm_model_string
+from tracejudge.metrics._litellm import litellm_model_string
 from tracejudge.metrics.conversational_flow import CONVERSATIONAL_FLOW_WEIGHTS
 from tracejudge.metrics.failure_rate import FAILURE_RATE_WEIGHTS
 from tracejudge.metrics.transcript import END, START, render_transcript

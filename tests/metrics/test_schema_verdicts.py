@@ -25,7 +25,8 @@ from tracejudge.metrics import (
 )
 from tracejudge.metrics._errors import JudgeCallError
 from tracejudge.metrics._judge import HolisticJudgeMetric
-from tracejudge.metrics._llm import RESPONSE_MODES, classify_litellm_error, rejects_response_format
+from tracejudge.metrics._provider_errors import classify_litellm_error
+from tracejudge.metrics._response_modes import RESPONSE_MODES, rejects_response_format
 from tracejudge.metrics.failure_rate import FAILURE_RATE_SYSTEM_PROMPT, FAILURE_RATE_WEIGHTS
 
 CONVERSATION = ConversationalEvalTestCase(

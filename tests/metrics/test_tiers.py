@@ -9,7 +9,7 @@ import pytest
 
 from tests.support.judge_server import JudgeServer, Reply, conversation_text, verdict
 from tracejudge.metrics import ConversationalEvalTestCase, EvalTestCase, FailureRateMetric
-from tracejudge.metrics._llm import LiteLLMBackend
+from tracejudge.metrics._backends import LiteLLMBackend
 from tracejudge.metrics.batch import ERROR_BATCH_EXPIRED, BatchBackend, BatchCoordinator, MemoryBatchStore
 from tracejudge.metrics.tiers import TIER_BATCH, TIER_FLEX, TIER_STANDARD, has_tier_price, tier_cost, tier_prices
 

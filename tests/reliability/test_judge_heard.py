@@ -22,7 +22,8 @@ from tracejudge.consumer.embedded_broker import EmbeddedBroker
 from tracejudge.consumer.emit.prometheus import family_total
 from tracejudge.metrics import ConversationalEvalTestCase, EvalTestCase, FailureRateMetric, MetricResult
 from tracejudge.metrics._judge import FAILURE_LOGS, PREPARATIONS
-from tracejudge.metrics._llm import _import_litellm, classify_litellm_error
+from tracejudge.metrics._litellm import _import_litellm
+from tracejudge.metrics._provider_errors import classify_litellm_error
 
 
 def _case(name: str, text: str = "Where is my order?") -> ConversationalEvalTestCase:

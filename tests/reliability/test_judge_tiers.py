@@ -25,7 +25,7 @@ from tests.support.pipeline import (
 )
 from tracejudge.consumer.embedded_broker import EmbeddedBroker
 from tracejudge.consumer.streams.batch_store import batches_topic
-from tracejudge.metrics._llm import _import_litellm
+from tracejudge.metrics._litellm import _import_litellm
 from tracejudge.metrics.tiers import TIER_BATCH, TIER_STANDARD, tier_cost
 
 LABELS = ["hallucination", "stall", "mixed", "honest_fallback", "alternative_proposed", "not_applicable"]
@@ -289,7 +289,7 @@ def test_a_budget_holds_at_the_batch_tier_before_any_batch_settled(
     request at its own estimate (prompt at the batch price), not at an unknown zero that would let a whole batch
     through a budget worth three calls."""
     from tracejudge.metrics import ConversationalEvalTestCase, EvalTestCase, FailureRateMetric
-    from tracejudge.metrics._llm import LiteLLMBackend
+    from tracejudge.metrics._backends import LiteLLMBackend
 
     judge_server.responder = lambda request: Reply(
         content=json.dumps({"verdict": LABELS[number_of(request) % 6], "evidence": [], "reason": "r"})
