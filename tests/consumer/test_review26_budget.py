@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from tracejudge.metrics import ConversationalEvalTestCase, EvalTestCase, FailureRateMetric
-from tracejudge.metrics._llm import LiteLLMBackend, _import_litellm
+from tracejudge.metrics._backends import LiteLLMBackend
+from tracejudge.metrics._litellm import _import_litellm
 from tracejudge.metrics.runner import SpendWindow
 from tracejudge.metrics.tiers import TIER_BATCH
 
