@@ -62,6 +62,8 @@ RECORD_RETENTION_S = 3 * 86_400.0
 # remembered this long after it was answered (not after it was created: a batch can take hours), then tombstoned.
 DONE_RETENTION_S = 3_600.0
 SWEEP_INTERVAL_S = 60.0
+# A replica following another's batch (after a rebalance) waits this long for its creator's retry of it.
+RETRY_GRACE_S = 2.0
 # A batch another replica recorded without its provider id yet is looked up by its metadata only after this long.
 LOOKUP_AFTER_S = 120.0
 _TERMINAL_OK = "completed"
@@ -129,6 +131,7 @@ class _Batch:
     created: float = field(default_factory=time.time)
     state: str = "submitting"
     done_at: float | None = None  # when its answers were handed out (state done or resubmitted)
+    owner: str | None = None  # the coordinator that created it: the one that resubmits it (others wait for that)
     learnt: bool = False  # written by another replica while this one runs (it may still be creating it)
 
     def record(self, model: str) -> dict[str, Any]:
@@ -140,6 +143,7 @@ class _Batch:
             "attempt": self.attempt,
             "created": self.created,
             "done_at": self.done_at,
+            "owner": self.owner,
             "custom_ids": self.custom_ids,
         }
 
@@ -186,6 +190,7 @@ class BatchCoordinator:
         self._tasks: set[asyncio.Task[None]] = set()
         self._log = RateLimitedLog(logger, interval_s=60.0)
         self.submissions = 0  # batches created at the provider by this process (resubmissions included)
+        self.id = uuid.uuid4().hex  # this coordinator, in the records of the batches it creates
 
     # -- for the consumer -------------------------------------------------------------------------------------------
 
@@ -283,6 +288,7 @@ class BatchCoordinator:
             created=float(record.get("created") or time.time()),
             state=str(record.get("state")),
             learnt=learnt,
+            owner=record.get("owner"),
         )
         self._batches[key] = batch
         for cid in batch.custom_ids:
@@ -363,7 +369,9 @@ class BatchCoordinator:
             items: list[tuple[str, dict[str, Any]]] = []
             while self._pending and len(items) < self.batch_size:
                 items.append(self._pending.popitem(last=False))
-            batch = _Batch(key=uuid.uuid4().hex, custom_ids=[cid for cid, _ in items], bodies=dict(items))
+            batch = _Batch(
+                key=uuid.uuid4().hex, custom_ids=[cid for cid, _ in items], bodies=dict(items), owner=self.id
+            )
             self._batches[batch.key] = batch
             for cid in batch.custom_ids:
                 self._known[cid] = batch.key
@@ -510,12 +518,7 @@ class BatchCoordinator:
                     # One retry per batch, whoever follows it (a rebalance leaves two replicas polling the same
                     # batch): its key derives from the batch's, and a retry another replica recorded is followed.
                     retry_key = f"{batch.key}.retry"
-                    theirs = self._batches.get(retry_key)
-                    if theirs is None:
-                        recorded = await self._recorded(retry_key)
-                        if recorded is not None:
-                            self._adopt(recorded, True, now=True)  # answered already: its output read
-                            theirs = self._batches.get(retry_key)
+                    theirs = await self._their_retry(batch, retry_key)
                     if theirs is not None:
                         mine = [cid for cid in left if cid not in theirs.custom_ids]
                         for cid in left:
@@ -524,7 +527,7 @@ class BatchCoordinator:
                                 self._known[cid] = retry_key
                         left, bodies = mine, {cid: bodies[cid] for cid in mine}
                         retry_key = f"{batch.key}.retry.{uuid.uuid4().hex[:8]}"  # what their retry does not hold
-                    retry = _Batch(key=retry_key, custom_ids=left, bodies=bodies, attempt=2)
+                    retry = _Batch(key=retry_key, custom_ids=left, bodies=bodies, attempt=2, owner=self.id)
                     for cid in left:  # before this batch retires, so a call asking meanwhile waits for the retry
                         self._known[cid] = retry.key
                     if left:
@@ -556,6 +559,22 @@ class BatchCoordinator:
                 await self._done(batch, "done")
                 return
             await asyncio.sleep(self.poll_s)
+
+    async def _their_retry(self, batch: _Batch, retry_key: str) -> _Batch | None:
+        """The retry another replica made of `batch`, now followed here, or None. A batch this coordinator did not
+        create is resubmitted by its creator: its retry record is waited for (`RETRY_GRACE_S`, or a few polls)
+        before this one resubmits (its creator may be gone: a kill -9, a restart)."""
+        deadline = time.monotonic() + (0.0 if batch.owner in (None, self.id) else max(RETRY_GRACE_S, 3 * self.poll_s))
+        while True:
+            theirs = self._batches.get(retry_key)
+            if theirs is None:
+                recorded = await self._recorded(retry_key)
+                if recorded is not None:
+                    self._adopt(recorded, True, now=True)  # answered already: its output is read again
+                    theirs = self._batches.get(retry_key)
+            if theirs is not None or time.monotonic() >= deadline:
+                return theirs
+            await asyncio.sleep(min(self.poll_s, 0.5))
 
     async def _recorded(self, key: str) -> dict[str, Any] | None:
         """The store's latest record of a batch (another replica's), or None."""
