@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import signal
-import time
 import uuid
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from tests.support.pipeline import (
 )
 from tracejudge.consumer.embedded_broker import EmbeddedBroker
 from tracejudge.consumer.sampling import sample_point
+from tracejudge.consumer.streams.partitioner import state_partition
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -109,16 +109,24 @@ def test_sigterm_drains_in_flight_judgements(broker: EmbeddedBroker, topic: str,
     records = result_records(broker, results, expected=6)
     assert sorted(r["conversation_id"] for r in records) == sorted(conversations("term", 6))
     # Everything was committed: a restart of the same group judges nothing again.
+    # Barrier: one new conversation per partition, judged. A restart judges what its restored state holds before it
+    # reads new records, so once every partition's sentinel is judged, anything judged again would have been too.
     before = len(judge_server.requests)
+    sentinels: dict[int, str] = {}
+    for i in range(100):
+        sentinels.setdefault(state_partition(f"sentinel-{i}", 3), f"sentinel-{i}")
+    assert len(sentinels) == 3
     restart = consumer_process(broker, topic, group, results)
     try:
-        time.sleep(8)
+        play(provider, {cid: [("sentinel q", "a")] for cid in sentinels.values()})
+        wait_for(lambda: len(judge_server.requests) >= before + 3, timeout=90, what="every partition's sentinel judged")
         restart.send_signal(signal.SIGTERM)
         restart.communicate(timeout=60)
     finally:
         if restart.poll() is None:
             restart.kill()
-    assert len(judge_server.requests) == before
+    judged_again = [conversation_text(r) for r in judge_server.requests[before:]]
+    assert len(judged_again) == 3 and all("sentinel q" in text for text in judged_again), judged_again
     provider.shutdown()
 
 
