@@ -13,7 +13,7 @@ from tracejudge.consumer.adapters import extract, textless_model_call
 from tracejudge.consumer.adapters._text import content_text, exchange_input
 from tracejudge.consumer.conversations import ConversationStore
 from tracejudge.consumer.decode import DecodedSpan, SpanEvent
-from tracejudge.consumer.emit.prometheus import ConsumerMetrics
+from tracejudge.consumer.emit.prometheus import ConsumerInstruments
 from tracejudge.consumer.ingest import Ingest
 from tracejudge.consumer.offsets import OffsetTracker
 
@@ -196,7 +196,7 @@ def test_text_less_spans_counted_by_convention_and_told_once_per_scope(caplog) -
             attributes["session.id"] = conversation
         tracer.start_span("gen", attributes=attributes).end()
     registry = CollectorRegistry()
-    ingest = Ingest(ConversationStore(), OffsetTracker(), ConsumerMetrics(registry), max_record_bytes=10_000_000)
+    ingest = Ingest(ConversationStore(), OffsetTracker(), ConsumerInstruments(registry), max_record_bytes=10_000_000)
     with caplog.at_level(logging.WARNING, logger="tracejudge.consumer"):
         for finished in exporter.get_finished_spans():
             assert ingest.record(0, _Record(encode_spans([finished]).SerializeToString()), 0.0)

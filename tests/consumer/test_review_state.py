@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry
 
 from tracejudge.consumer.adapters import ConversationEvent, Turn
 from tracejudge.consumer.conversation.table import ConversationState, ConversationTable, MemoryBound
-from tracejudge.consumer.emit.prometheus import ConsumerMetrics
+from tracejudge.consumer.emit.prometheus import ConsumerInstruments
 from tracejudge.consumer.settings import Settings
 from tracejudge.consumer.streams.assembler import Assembler, Task
 
@@ -142,7 +142,7 @@ def assembler(**options: Any) -> Assembler:
 
     asm = Assembler(
         settings,
-        ConsumerMetrics(registry),
+        ConsumerInstruments(registry),
         StreamsInstruments(registry),
         lambda job: True,
         partitions=2,

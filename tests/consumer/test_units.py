@@ -214,7 +214,7 @@ def test_a_raising_sink_is_counted_and_heard_and_the_others_still_deliver(caplog
     from prometheus_client import CollectorRegistry
 
     from tracejudge.consumer.delivery import Delivery
-    from tracejudge.consumer.emit.prometheus import ConsumerMetrics
+    from tracejudge.consumer.emit.prometheus import ConsumerInstruments
     from tracejudge.consumer.judgement import OUTCOME_JUDGED, Judgement
 
     class BrokenSink:
@@ -231,7 +231,7 @@ def test_a_raising_sink_is_counted_and_heard_and_the_others_still_deliver(caplog
     store = ConversationStore(idle_timeout_s=10)
     for cid in ("a", "b", "c"):
         store.apply(ConversationEvent(cid, "bot", turn(f"{cid}-0", 0), ended=True), 0, 1, 0.0)
-    delivery = Delivery(ConsumerMetrics(registry), [BrokenSink(), Sink()])
+    delivery = Delivery(ConsumerInstruments(registry), [BrokenSink(), Sink()])
     with caplog.at_level("WARNING", logger="tracejudge.consumer"):
         for job in store.take_ready():
             delivery.judged(Judgement(job, OUTCOME_JUDGED))
