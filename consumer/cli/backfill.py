@@ -233,7 +233,7 @@ def _selector(namespace: argparse.Namespace, settings: Any, existing: set[str], 
 
     def select(job: JudgeJob) -> bool:
         report.complete += 1
-        indices = [t.index for t in job.turns if t.index is not None]
+        indices = [t.index for t in job.exchanges if t.index is not None]
         if indices and min(indices) > 0:
             report.partial += 1  # it began before --from: judging part of it would mislead
         elif namespace.agent and job.agent != namespace.agent:
@@ -400,7 +400,7 @@ class CostEstimate:
 
         case = ConversationalEvalTestCase(
             name=job.conversation_id,
-            turns=[EvalTestCase(input=t.input or "", actual_output=t.output or "") for t in job.judgeable_turns],
+            turns=[EvalTestCase(input=t.input or "", actual_output=t.output or "") for t in job.judgeable_exchanges],
         )
         for prompt in self.prompts:
             self.input_tokens += litellm.token_counter(model=self.model, messages=prompt.build_messages(case))

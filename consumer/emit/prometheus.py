@@ -377,7 +377,7 @@ class ConsumerInstruments:
             if result.error is not None or result.score is None or result.verdict is None:
                 self.judge_errors.labels(metric=result.name, reason=result.error_kind or "unknown").inc()
                 continue
-            exemplar = trace_exemplar(judgement.job.last_turn.trace_id, judgement.job.last_turn.span_id)
+            exemplar = trace_exemplar(judgement.job.last_exchange.trace_id, judgement.job.last_exchange.span_id)
             self.verdicts.labels(agent=agent, metric=result.name, verdict=result.verdict).inc(exemplar=exemplar)
             self.score.labels(agent=agent, metric=result.name).observe(result.score, exemplar=exemplar)
             self.windows.add(result.name, agent, result.score, result.verdict)

@@ -69,7 +69,7 @@ def job_record(offset: int, content_id: str) -> Record:
         agent="a",
         partition=0,
         version=1,
-        turns=(Turn("s0", "t", "", 1, 2, "q", "a", index=0),),
+        exchanges=(Turn("s0", "t", "", 1, 2, "q", "a", index=0),),
         has_error=False,
         negative_feedback=False,
         truncated=False,

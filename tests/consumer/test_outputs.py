@@ -139,10 +139,11 @@ def test_scrape_otlp_and_results_topic(broker: EmbeddedBroker, topic: str, judge
         # The app closed and flushed its OTLP providers on stop.
         contents = {j.job.conversation_id: j.job.content_id for j in collect.judgements}
         for judgement in collect.judgements:  # the job's content id names exactly the transcript it judged
-            assert judgement.job.content_id == content_id(judgement.job.conversation_id, judgement.job.turns)
+            assert judgement.job.content_id == content_id(judgement.job.conversation_id, judgement.job.exchanges)
         assert len(set(contents.values())) == 2
         judged_turns = {
-            j.job.conversation_id: (j.job.last_turn.trace_id, j.job.last_turn.span_id) for j in collect.judgements
+            j.job.conversation_id: (j.job.last_exchange.trace_id, j.job.last_exchange.span_id)
+            for j in collect.judgements
         }
         spans = [s for s in receiver.spans if s.name.startswith("evaluate ")]
         assert sorted(s.name for s in spans) == [

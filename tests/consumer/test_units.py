@@ -93,7 +93,7 @@ def test_sessions_dedupe_cap_and_continuation() -> None:
     assert job.truncated and job.version == 3 and job.completed_by == "turn_cap"
     store.finished(job)
     store.apply(ConversationEvent("c", "bot", turn("s3", 3)), 0, 8, 1.0)
-    assert len(store.open["c"].turns) == 1  # after a cap, the next window starts empty
+    assert len(store.open["c"].spans) == 1  # after a cap, the next window starts empty
     store.apply(ConversationEvent("c", "bot", ended=True), 0, 9, 1.0)
     (second,) = store.take_ready()
     assert second.version == 4 and second.completed_by == "end_marker"
