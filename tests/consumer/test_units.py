@@ -53,11 +53,16 @@ def test_invalid_configuration_exits_2_with_one_line(args: list[str]) -> None:
     assert len(completed.stderr.strip().splitlines()) == 1 and "invalid configuration" in completed.stderr
 
 
-def test_sampling_is_deterministic_and_per_agent() -> None:
+def test_sample_points_are_pinned_and_sampling_is_per_agent() -> None:
     from tests.consumer.test_outputs import job
 
     ids = [f"conv-{i}" for i in range(2_000)]
     assert [sample_point(i) for i in ids] == [sample_point(i) for i in ids]
+    # Pinned values: every replica and every restart must draw the same point (a per-process hash() would not).
+    assert sample_point("conv-0") == 0.2574288113682099
+    assert sample_point("conv-1") == 0.6011535271499797
+    assert sample_point("conv-42") == 0.08855837034586184
+    assert sample_point("\u00e9t\u00e9-\ud800") == 0.1952590122370766  # not UTF-8 clean: still a stable point
     share = sum(sample_point(i) < 0.3 for i in ids) / len(ids)
     assert 0.25 < share < 0.35
     sampler = Sampler(0.0, {"vip": 1.0})
