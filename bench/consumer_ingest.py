@@ -29,7 +29,7 @@ from prometheus_client import CollectorRegistry
 from bench._stats import alternate
 from tracejudge.consumer.conversation.reading import read_events
 from tracejudge.consumer.embedded_broker import EmbeddedBroker
-from tracejudge.consumer.emit.prometheus import ConsumerMetrics
+from tracejudge.consumer.emit.prometheus import ConsumerInstruments
 from tracejudge.consumer.service import ConsumerService
 from tracejudge.consumer.settings import Settings
 
@@ -133,7 +133,7 @@ def tracejudge_consumer(bootstrap: str, topic: str, conversations: int, role: st
         end_grace=END_GRACE_S,
         kafka_config={"session_timeout_ms": 6000, "heartbeat_interval_ms": 1000},
     )
-    service = ConsumerService(settings, [], ConsumerMetrics(CollectorRegistry()))
+    service = ConsumerService(settings, [], ConsumerInstruments(CollectorRegistry()))
     thread = threading.Thread(target=service.run, name="bench-consumer", daemon=True)
     thread.start()
     records = service.prometheus.records

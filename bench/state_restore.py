@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry
 from tracejudge.consumer.adapters import ConversationEvent, Turn
 from tracejudge.consumer.conversation.table import ConversationTable
 from tracejudge.consumer.embedded_broker import EmbeddedBroker
-from tracejudge.consumer.emit.prometheus import ConsumerMetrics
+from tracejudge.consumer.emit.prometheus import ConsumerInstruments
 from tracejudge.consumer.service import ConsumerService
 from tracejudge.consumer.settings import Settings
 from tracejudge.consumer.streams import records as R
@@ -97,7 +97,7 @@ def restore_once(bootstrap: str, topic: str, group: str, count: int, timeout_s: 
         session_idle_timeout=600,
         kafka_config={"session_timeout_ms": 6000, "heartbeat_interval_ms": 1000},
     )
-    service = ConsumerService(settings, [], ConsumerMetrics(CollectorRegistry()))
+    service = ConsumerService(settings, [], ConsumerInstruments(CollectorRegistry()))
     thread = threading.Thread(target=service.run, name="bench-restore", daemon=True)
     thread.start()
     deadline = time.monotonic() + timeout_s

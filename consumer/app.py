@@ -33,7 +33,7 @@ from .emit import KafkaWriter
 from .emit.acknowledged import AcknowledgingExporter
 from .emit.otel import OUTPUT as OTLP_OUTPUT
 from .emit.otel import CountedLogExporter, CountedSpanExporter, EvaluationEmitter
-from .emit.prometheus import ConsumerMetrics
+from .emit.prometheus import ConsumerInstruments
 from .emit.results_topic import ResultsTopic
 from .service import ConsumerService, StartupError, reaching_kafka
 from .settings import Settings
@@ -274,7 +274,7 @@ class App:
     settings: Settings
     service: ConsumerService
     registry: CollectorRegistry
-    prometheus: ConsumerMetrics
+    prometheus: ConsumerInstruments
     outputs: Outputs
     http_server: Any = None
     _closed: bool = field(default=False, repr=False)
@@ -323,7 +323,7 @@ def build_app(
     if serve_metrics:  # first: a port in use is one line before anything connects
         http_server = serve_metrics_endpoint(settings, registry)
     try:
-        prometheus = ConsumerMetrics(
+        prometheus = ConsumerInstruments(
             registry,
             max_agents=settings.max_agents,
             window_sessions=settings.window_sessions,

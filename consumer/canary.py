@@ -29,7 +29,7 @@ from tracejudge.metrics import HolisticJudgeMetric, MetricResult
 from tracejudge.metrics.calibration import accuracy, cohen_kappa, confusion_matrix
 
 from .emit.judge_watch import PURPOSE_CANARY
-from .emit.prometheus import ConsumerMetrics
+from .emit.prometheus import ConsumerInstruments
 from .gold import KAPPA_WEIGHTING, LABELS, DatasetError, GoldItem, load_dataset
 from .pool import JudgePool
 
@@ -85,7 +85,7 @@ class Canary:
         items: Sequence[GoldItem],
         judges: Sequence[HolisticJudgeMetric],
         pool: JudgePool,
-        prometheus: ConsumerMetrics,
+        prometheus: ConsumerInstruments,
         owns: Callable[[], bool],
         *,
         floors: dict[str, float] | None = None,
@@ -96,7 +96,7 @@ class Canary:
         self.items = list(items)
         self.judges = [j for j in judges if any(j.name in item.labels for item in self.items)]
         self.pool = pool
-        self.metrics = prometheus.canary
+        self.instruments = prometheus.canary
         self.prometheus = prometheus
         self.owns = owns
         self.timeout_s = timeout_s
@@ -110,7 +110,7 @@ class Canary:
         for name in {j.name for j in self.judges}:
             floor = (floors or {}).get(name)
             if floor is not None:
-                self.metrics.floor.labels(metric=name).set(max(0.0, floor - margin))
+                self.instruments.floor.labels(metric=name).set(max(0.0, floor - margin))
 
     def start(self) -> Canary:
         logger.info(
@@ -136,7 +136,7 @@ class Canary:
             owner = self.owns()
             if not owner:
                 if self._owner:
-                    self.metrics.forget_runs()  # the new owner reports from its next run
+                    self.instruments.forget_runs()  # the new owner reports from its next run
                 self._owner = False
                 continue
             self._owner = True
@@ -145,7 +145,7 @@ class Canary:
             except Exception:  # the canary never takes the consumer down; every failed run is counted and heard
                 if self._stop.is_set():
                     return  # the pool stopped under a run at shutdown
-                self.metrics.errors.labels(metric="all", reason="run_failed").inc()
+                self.instruments.errors.labels(metric="all", reason="run_failed").inc()
                 logger.exception("the canary run failed (it runs again at the next interval)")
 
     def run(self, slot: int = 0) -> CanaryRun:
@@ -156,14 +156,14 @@ class Canary:
             results = future.result(self.timeout_s)
         except (concurrent.futures.CancelledError, concurrent.futures.TimeoutError):
             future.cancel()
-            self.metrics.errors.labels(metric="all", reason="cancelled").inc()
+            self.instruments.errors.labels(metric="all", reason="cancelled").inc()
             raise
-        self.metrics.runs.inc()
+        self.instruments.runs.inc()
         run = CanaryRun(slot, time.time())
         by_judge: dict[str, list[tuple[GoldItem, MetricResult]]] = defaultdict(list)
         for (item, judge), result in zip(calls, results, strict=True):
             if result is None:
-                self.metrics.errors.labels(metric=judge.name, reason="budget").inc()
+                self.instruments.errors.labels(metric=judge.name, reason="budget").inc()
                 continue
             by_judge[judge.name].append((item, result))
         self.prometheus.record_side_cost([r for pairs in by_judge.values() for _, r in pairs], PURPOSE_CANARY)
@@ -179,7 +179,7 @@ class Canary:
         verdicts: dict[str, str] = {}
         for item, result in pairs:
             if result.error is not None or result.verdict not in labels:
-                self.metrics.errors.labels(metric=judge.name, reason=result.error_kind or "unknown").inc()
+                self.instruments.errors.labels(metric=judge.name, reason=result.error_kind or "unknown").inc()
                 continue
             verdicts[item.id] = result.verdict
         failed = len(pairs) - len(verdicts)
@@ -205,7 +205,7 @@ class Canary:
             "flips": len(flipped),
             "flipped": flipped,
         }
-        self.metrics.record_run(*key, figures["accuracy"], figures["kappa"], len(flipped))
+        self.instruments.record_run(*key, figures["accuracy"], figures["kappa"], len(flipped))
         if flipped:
             logger.warning(
                 "canary: %d %s verdicts flipped since the last run on unchanged inputs (%s, rubric %s): %s",

@@ -1,11 +1,11 @@
-"""Conversation assembly: turns by conversation id, de-duplicated, completed by end marker, idle timeout or cap.
+"""Conversation assembly: turn spans by conversation id, de-duplicated, completed by end marker, idle timeout or cap.
 
 Only the poll thread (or backfill's reading thread) changes a ConversationStore, and the rebalance listener while the
 poll thread waits in `poll()`; the judge pool gets immutable JudgeJob snapshots.
 
 A conversation's lifecycle: open → completing (in `ready`, not yet dispatched) → judging (dispatched: being judged,
 sampled out or skipped for budget, its outputs not yet durable) → done (kept in a bounded LRU of `max_done`, with its
-turns). Negative feedback for a conversation that was not judged leads to exactly one judgement in every state:
+spans). Negative feedback for a conversation that was not judged leads to exactly one judgement in every state:
 open and completing (the snapshot is taken at dispatch, so it carries the feedback), judging (`finished()` re-completes
 a conversation that was not judged), done and not judged (`apply()` re-completes it). A judged conversation is not
 judged again for feedback. Past the LRU (the oldest `max_done` completed conversations), late feedback finds nothing.
@@ -39,7 +39,7 @@ class Conversation:
     last_seen: float
     hold_offset: int | None
     key: str
-    turns: dict[str, Turn] = field(default_factory=dict)
+    spans: dict[str, Turn] = field(default_factory=dict)  # turn spans by span id: nested ones and all (not exchanges)
     ended: bool = False
     truncated: bool = False
     negative_feedback: bool = False
@@ -48,23 +48,23 @@ class Conversation:
     agent_named: bool = False
     next_cap_check: int = 0  # span count at which the turn cap counts exchanges again (see ConversationStore)
 
-    def turn_count(self, turns: Sequence[Turn] | None = None) -> int:
+    def turn_count(self, said: Sequence[Turn] | None = None) -> int:
         """Real exchanges (nested and duplicate spans are not turns); turn indices cover turns before a restart."""
-        turns = exchanges(self.turns.values()) if turns is None else turns
-        indices = [t.index for t in turns if t.index is not None]
-        return max(len(turns), max(indices) + 1) if indices else len(turns)
+        said = exchanges(self.spans.values()) if said is None else said
+        indices = [t.index for t in said if t.index is not None]
+        return max(len(said), max(indices) + 1) if indices else len(said)
 
     def snapshot(self, completed_by: str) -> JudgeJob:
-        turns = tuple(exchanges(self.turns.values()))  # nesting decided by content: see exchanges.py
+        said = tuple(exchanges(self.spans.values()))  # nesting decided by content: see exchanges.py
         return JudgeJob(
-            content_id=content_id(self.id, turns),
+            content_id=content_id(self.id, said),
             key=self.key,
             conversation_id=self.id,
             agent=self.agent or "unknown",
             partition=self.partition,
-            version=self.turn_count(turns),
-            turns=turns,
-            has_error=any(t.is_error for t in turns),
+            version=self.turn_count(said),
+            exchanges=said,
+            has_error=any(t.is_error for t in said),
             negative_feedback=self.negative_feedback,
             truncated=self.truncated,
             completed_by=completed_by,
@@ -114,7 +114,7 @@ class ConversationStore:
         """Fold one event in; returns the key of a conversation that now needs an offset hold, if any."""
         cid = event.conversation_id
         conversation = self.open.get(cid)
-        if conversation is not None and conversation.turns and now - conversation.last_seen >= self.idle_timeout_s:
+        if conversation is not None and conversation.spans and now - conversation.last_seen >= self.idle_timeout_s:
             # Idle before this event came: complete it first, so idleness is decided by the conversation's own
             # clock (wall time live, record timestamps in backfill), never by when `expire_idle` happened to run.
             self._complete(conversation, "idle_timeout")
@@ -122,7 +122,7 @@ class ConversationStore:
         new_hold: str | None = None
         if conversation is None:
             previous = self.judging.get(cid) or self.done.get(cid)
-            if event.turn is not None and previous is not None and event.turn.span_id in previous.turns:
+            if event.turn is not None and previous is not None and event.turn.span_id in previous.spans:
                 self.counts.duplicate_spans += 1  # a redelivered turn of a judged conversation: nothing new
                 return None
             if event.turn is None and previous is not None:
@@ -146,9 +146,9 @@ class ConversationStore:
                 last_seen=now,
                 hold_offset=offset,
             )
-            if previous is not None:  # it continues after its judgement: a new version with all turns so far
+            if previous is not None:  # it continues after its judgement: a new version with all its spans so far
                 # ...unless the turn cap cut it: then the next window starts empty, so memory stays bounded.
-                conversation.turns = {} if previous.truncated else dict(previous.turns)
+                conversation.spans = {} if previous.truncated else dict(previous.spans)
                 conversation.agent = conversation.agent or previous.agent
                 conversation.negative_feedback = previous.negative_feedback
                 self.done.pop(cid, None)
@@ -164,16 +164,16 @@ class ConversationStore:
             self._add_feedback(conversation, event.feedback)
         if event.turn is not None:
             turn = event.turn
-            if turn.span_id in conversation.turns:
+            if turn.span_id in conversation.spans:
                 self.counts.duplicate_spans += 1
             else:
                 # Surrounding whitespace is nobody's words (Strands' str(AgentResult) ends in a newline).
                 turn.input = None if turn.input is None else clip(turn.input.strip(), MAX_FIELD_CHARS) or None
                 turn.output = None if turn.output is None else clip(turn.output.strip(), MAX_FIELD_CHARS) or None
-                conversation.turns[turn.span_id] = turn
+                conversation.spans[turn.span_id] = turn
         if event.ended:
             conversation.ended = True
-        if conversation.turns and (conversation.ended or self._at_turn_cap(conversation)):
+        if conversation.spans and (conversation.ended or self._at_turn_cap(conversation)):
             if not conversation.ended:
                 conversation.truncated = True
                 self.counts.truncated_conversations += 1
@@ -185,15 +185,15 @@ class ConversationStore:
         so it is redone only once enough spans came to possibly reach the cap (at least an eighth more spans: a
         stream of spans that add no exchange costs O(log n) counts); past MAX_SPANS_PER_TURN x cap spans, memory wins.
         """
-        spans = len(conversation.turns)
-        if spans < self.max_turns or spans < conversation.next_cap_check:
+        seen = len(conversation.spans)
+        if seen < self.max_turns or seen < conversation.next_cap_check:
             return False
-        if spans >= self.max_turns * MAX_SPANS_PER_TURN:
+        if seen >= self.max_turns * MAX_SPANS_PER_TURN:
             return True
-        counted = len(exchanges(conversation.turns.values()))
+        counted = len(exchanges(conversation.spans.values()))
         if counted >= self.max_turns:
             return True
-        conversation.next_cap_check = spans + max(self.max_turns - counted, spans // 8)
+        conversation.next_cap_check = seen + max(self.max_turns - counted, seen // 8)
         return False
 
     @staticmethod
@@ -215,7 +215,7 @@ class ConversationStore:
             cid, conversation = next(iter(self.open.items()))
             if now - conversation.last_seen < self.idle_timeout_s:
                 break
-            if conversation.turns:
+            if conversation.spans:
                 self._complete(conversation, "idle_timeout")
             else:
                 self.open.pop(cid)
@@ -283,7 +283,7 @@ class ConversationStore:
             agent=previous.agent,
             last_seen=now,
             hold_offset=offset,
-            turns=dict(previous.turns),
+            spans=dict(previous.spans),
             ended=True,
             negative_feedback=True,
             feedback=list(previous.feedback),

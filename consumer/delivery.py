@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 from tracejudge._shared.rate_limited_log import RateLimitedLog
 
-from .emit.prometheus import ConsumerMetrics
+from .emit.prometheus import ConsumerInstruments
 from .feedback import FeedbackJoiner
 from .judgement import Judgement
 
@@ -35,7 +35,7 @@ class JudgementSink(Protocol):
 
 class Delivery:
     def __init__(
-        self, prometheus: ConsumerMetrics, sinks: Sequence[JudgementSink], *, feedback: FeedbackJoiner | None = None
+        self, prometheus: ConsumerInstruments, sinks: Sequence[JudgementSink], *, feedback: FeedbackJoiner | None = None
     ) -> None:
         self.prometheus = prometheus
         self.sinks = list(sinks)

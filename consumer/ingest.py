@@ -18,7 +18,7 @@ from .conversation.textless import TextlessSpans
 from .conversations import ConversationStore, JudgeJob
 from .decode import MalformedRecord, decode_record
 from .emit import KafkaWriter
-from .emit.prometheus import ConsumerMetrics
+from .emit.prometheus import ConsumerInstruments
 from .feedback import FeedbackJoiner
 from .judgement import OUTCOME_FAILED, OUTCOME_JUDGED, Judgement
 from .offsets import OffsetTracker
@@ -31,7 +31,7 @@ class Ingest:
         self,
         store: ConversationStore,
         offsets: OffsetTracker,
-        prometheus: ConsumerMetrics,
+        prometheus: ConsumerInstruments,
         *,
         max_record_bytes: int,
         dead_letter: KafkaWriter | None = None,

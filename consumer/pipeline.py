@@ -18,7 +18,7 @@ from tracejudge.metrics import HolisticJudgeMetric
 from .conversations import ConversationStore, JudgeJob
 from .delivery import Delivery, JudgementSink
 from .emit import KafkaWriter
-from .emit.prometheus import ConsumerMetrics
+from .emit.prometheus import ConsumerInstruments
 from .feedback import FeedbackJoiner
 from .ingest import Ingest
 from .judgement import OUTCOME_SAMPLED_OUT, Judgement
@@ -32,7 +32,7 @@ class Pipeline:
         self,
         settings: Settings,
         judges: Sequence[HolisticJudgeMetric],
-        prometheus: ConsumerMetrics,
+        prometheus: ConsumerInstruments,
         select: Callable[[JudgeJob], bool],
         *,
         sinks: Sequence[JudgementSink] = (),

@@ -152,12 +152,12 @@ class JudgePool:
                 case = ConversationalEvalTestCase(
                     name=job.conversation_id,
                     turns=[
-                        EvalTestCase(input=t.input or "", actual_output=t.output or "") for t in job.judgeable_turns
+                        EvalTestCase(input=t.input or "", actual_output=t.output or "") for t in job.judgeable_exchanges
                     ],
                 )
                 # Negative feedback is judged whatever the budget (as whatever the sample rate); its cost still counts.
                 force = job.negative_feedback
-                shadow = self.shadows(job) and bool(job.judgeable_turns)
+                shadow = self.shadows(job) and bool(job.judgeable_exchanges)
                 shadow_calls = [
                     self._evaluate(j, case, force=False, budget=self.shadow_budget)
                     for j in (self.shadow_judges if shadow else ())

@@ -31,7 +31,7 @@ def _iso(ns: int) -> str | None:
 def result_record(judgement: Judgement, result: MetricResult, *, shadow: bool = False) -> dict[str, Any]:
     """`shadow`: a shadow judge's result (its own id, `shadow: true`); readers of production verdicts skip it."""
     job = judgement.job
-    turns = job.turns
+    exchanges = job.exchanges
     content = f"{job.content_id}\x1fshadow\x1f{result.model}" if shadow else job.content_id
     return {
         "result_id": result_id(job.conversation_id, result.name, content),
@@ -41,7 +41,7 @@ def result_record(judgement: Judgement, result: MetricResult, *, shadow: bool = 
         "agent": job.agent,
         "metric": result.name,
         "version": job.version,
-        "turn_count": job.turn_count,
+        "turn_count": job.version,  # a version is its turn count (JudgeJob.version): the pinned key says so
         "outcome": judgement.outcome,
         "verdict": result.verdict,
         "score": result.score,
@@ -62,9 +62,9 @@ def result_record(judgement: Judgement, result: MetricResult, *, shadow: bool = 
         "error_kind": result.error_kind,
         "completed_by": job.completed_by,
         "truncated": job.truncated,
-        "trace_id": job.last_turn.trace_id,
-        "span_id": job.last_turn.span_id,
-        "conversation_started_at": _iso(turns[0].start_ns),
-        "conversation_last_turn_at": _iso(turns[-1].end_ns),
+        "trace_id": job.last_exchange.trace_id,
+        "span_id": job.last_exchange.span_id,
+        "conversation_started_at": _iso(exchanges[0].start_ns),
+        "conversation_last_turn_at": _iso(exchanges[-1].end_ns),
         "judged_at": datetime.fromtimestamp(judgement.judged_at, tz=UTC).isoformat(),
     }

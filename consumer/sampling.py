@@ -26,6 +26,6 @@ class Sampler:
         """Error turns and negative feedback are always judged, and so is a conversation without text (it fails
         `empty_conversation` without a judge call: a failure the user must hear of, never sampled out in silence);
         otherwise the agent's rate (or the global one)."""
-        if job.has_error or job.negative_feedback or not job.judgeable_turns:
+        if job.has_error or job.negative_feedback or not job.judgeable_exchanges:
             return True
         return sample_point(job.conversation_id) < self.rate_for(job.agent)

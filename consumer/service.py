@@ -25,7 +25,7 @@ from tracejudge.metrics.tiers import TIER_BATCH
 from ._errors import ConsumerError
 from ._logging import quiet_kafka_connections
 from .delivery import Delivery, JudgementSink
-from .emit.prometheus import ConsumerMetrics, family_total
+from .emit.prometheus import ConsumerInstruments, family_total
 from .feedback import FeedbackJoiner
 from .judgement import OUTCOMES
 from .pool import JudgePool
@@ -48,7 +48,7 @@ EXIT_UNAVAILABLE = 69  # sysexits' EX_UNAVAILABLE: a service the command needs (
 __all__ = ["ConsumerService", "JudgementSink"]
 
 
-def outcome_summary(prometheus: ConsumerMetrics) -> str:
+def outcome_summary(prometheus: ConsumerInstruments) -> str:
     """This run's conversations by outcome, read from tracejudge_sessions_total: the log says what /metrics says."""
     count = {o: int(family_total(prometheus.registry, "tracejudge_sessions", outcome=o)) for o in OUTCOMES}
     return (
@@ -93,7 +93,7 @@ class ConsumerService:
         self,
         settings: Settings,
         judges: Sequence[HolisticJudgeMetric],
-        prometheus: ConsumerMetrics,
+        prometheus: ConsumerInstruments,
         *,
         sinks: Sequence[JudgementSink] = (),
         consumer_factory: Callable[..., KafkaConsumer] = KafkaConsumer,

@@ -11,6 +11,11 @@ timeout, provider error, a conversation without turns, a metric that raised) is 
 the reason, never a made-up score. eval_lib would have scored an unknown Failure Rate label as `not_applicable`
 (1.0, a pass), an unknown Flow label as 0.0, judged an empty conversation anyway, and aborted the whole batch on the
 first exception.
+
+The names repeat `tracejudge.metrics`' on purpose: `MetricResult`, `FailureRateMetric`, `ConversationalFlowRateMetric`,
+`CustomLLMClient` and `evaluate_conversations` here are eval_lib's (its shapes, its return values), not ours, because a
+drop-in must be importable under the library's own names. Where this module uses ours, it imports them under other names
+(`_Judgement`, `_FailureJudge`, `_FlowJudge`, `_JudgeClient`) so that each name means one thing in this file.
 """
 
 from __future__ import annotations

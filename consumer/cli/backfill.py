@@ -233,7 +233,7 @@ def _selector(namespace: argparse.Namespace, settings: Any, existing: set[str], 
 
     def select(job: JudgeJob) -> bool:
         report.complete += 1
-        indices = [t.index for t in job.turns if t.index is not None]
+        indices = [t.index for t in job.exchanges if t.index is not None]
         if indices and min(indices) > 0:
             report.partial += 1  # it began before --from: judging part of it would mislead
         elif namespace.agent and job.agent != namespace.agent:
@@ -335,7 +335,7 @@ def _dry_run(namespace: argparse.Namespace, settings: Any, consumer: Any, start:
     from prometheus_client import CollectorRegistry
     from rich.console import Console
 
-    from ..emit.prometheus import ConsumerMetrics
+    from ..emit.prometheus import ConsumerInstruments
 
     report = BackfillReport(dry_run=True)
     start_ms, end_ms = int(start.timestamp() * 1000), int(end.timestamp() * 1000)
@@ -348,7 +348,7 @@ def _dry_run(namespace: argparse.Namespace, settings: Any, consumer: Any, start:
         return False  # never to the judges: out as sampled out, to no sink
 
     # No judges (the pool is never started), no sinks, no dead-letter topic: a dry run writes nothing anywhere.
-    pipeline = Pipeline(settings, [], ConsumerMetrics(CollectorRegistry()), would_judge, max_open=10**9)
+    pipeline = Pipeline(settings, [], ConsumerInstruments(CollectorRegistry()), would_judge, max_open=10**9)
     read_range(consumer, settings.topic, start_ms, end_ms, pipeline, report)
     pipeline.ingest.expire(end_ms / 1000)
     pipeline.dispatch()
@@ -400,7 +400,7 @@ class CostEstimate:
 
         case = ConversationalEvalTestCase(
             name=job.conversation_id,
-            turns=[EvalTestCase(input=t.input or "", actual_output=t.output or "") for t in job.judgeable_turns],
+            turns=[EvalTestCase(input=t.input or "", actual_output=t.output or "") for t in job.judgeable_exchanges],
         )
         for prompt in self.prompts:
             self.input_tokens += litellm.token_counter(model=self.model, messages=prompt.build_messages(case))
@@ -478,14 +478,14 @@ def _judge_range(namespace: argparse.Namespace, settings: Any, consumer: Any, st
 
     from ..app import build_judges, build_outputs
     from ..emit import KafkaWriter
-    from ..emit.prometheus import ConsumerMetrics
+    from ..emit.prometheus import ConsumerInstruments
     from ..service import reaching_kafka
 
     console = Console()
     report = BackfillReport()
     start_ms, end_ms = int(start.timestamp() * 1000), int(end.timestamp() * 1000)
     existing = _existing(namespace, settings)
-    prometheus = ConsumerMetrics(CollectorRegistry(), max_agents=settings.max_agents)
+    prometheus = ConsumerInstruments(CollectorRegistry(), max_agents=settings.max_agents)
     outputs = build_outputs(
         settings, service_name="tracejudge-backfill", on_output_error=prometheus.record_output_error
     )

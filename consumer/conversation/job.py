@@ -18,8 +18,8 @@ class JudgeJob:
     conversation_id: str
     agent: str
     partition: int
-    version: int
-    turns: tuple[Turn, ...]
+    version: int  # the turn count: its exchanges, plus turns before a restart that `Turn.index` says came first
+    exchanges: tuple[Turn, ...]  # the real exchanges (exchanges.py folds nested and duplicate spans), oldest first
     has_error: bool
     negative_feedback: bool
     truncated: bool
@@ -30,13 +30,9 @@ class JudgeJob:
     completed_ms: int | None = None
 
     @property
-    def turn_count(self) -> int:
-        return self.version
+    def last_exchange(self) -> Turn:
+        return self.exchanges[-1]
 
     @property
-    def last_turn(self) -> Turn:
-        return self.turns[-1]
-
-    @property
-    def judgeable_turns(self) -> tuple[Turn, ...]:
-        return tuple(t for t in self.turns if t.judgeable)
+    def judgeable_exchanges(self) -> tuple[Turn, ...]:
+        return tuple(t for t in self.exchanges if t.judgeable)

@@ -36,7 +36,7 @@ JUDGED_OUTCOMES = frozenset({"judged", "failed"})
 _SPAN_OVERHEAD = 200  # bytes a kept span costs beyond its text (ids, times, dict slots): an estimate, for the bound
 _STATE_OVERHEAD = 600
 MAX_FEEDBACK = 100
-MAX_DROPPED_IDS = 10_000  # span ids remembered per conversation beyond its kept turns (duplicates detection)
+MAX_DROPPED_IDS = 10_000  # span ids remembered per conversation beyond its kept spans (duplicates detection)
 MAX_DISPATCHED = 64  # content ids remembered per conversation (its judged versions)
 _FIELDS = {kind: tuple(f.name for f in fields(kind)) for kind in (Turn, Feedback)}
 
@@ -56,8 +56,8 @@ class ConversationState:
     last_ms: int
     agent: str | None = None
     agent_named: bool = False
-    turns: dict[str, Turn] = field(default_factory=dict)
-    dropped_span_ids: list[str] = field(default_factory=list)  # spans cut from `turns` by the bound, still seen
+    spans: dict[str, Turn] = field(default_factory=dict)  # turn spans by span id (the changelog's key: "turns")
+    dropped_span_ids: list[str] = field(default_factory=list)  # spans cut from `spans` by the bound, still seen
     status: str = OPEN
     ended: bool = False
     completed_by: str | None = None
@@ -73,7 +73,7 @@ class ConversationState:
     _dropped: set[str] = field(default_factory=set, repr=False, compare=False)  # dropped_span_ids, for lookups
 
     def seen(self, span_id: str) -> bool:
-        return span_id in self.turns or span_id in self._dropped
+        return span_id in self.spans or span_id in self._dropped
 
     def drop_ids(self, span_ids: list[str]) -> None:
         self.dropped_span_ids.extend(span_ids)
@@ -88,20 +88,20 @@ class ConversationState:
         return next(reversed(self.dispatched), None) if self.dispatched else None
 
     def to_json(self) -> dict[str, Any]:
-        data = {name: getattr(self, name) for name in self.__slots__ if name not in ("turns", "feedback", "_dropped")}  # type: ignore[attr-defined]
-        data["turns"] = [plain(turn) for turn in self.turns.values()]
+        data = {name: getattr(self, name) for name in self.__slots__ if name not in ("spans", "feedback", "_dropped")}  # type: ignore[attr-defined]
+        data["turns"] = [plain(turn) for turn in self.spans.values()]
         data["feedback"] = [plain(item) for item in self.feedback]
         return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ConversationState:
         values = dict(data)
-        turns = [Turn(**turn) for turn in values.pop("turns", [])]
+        spans = [Turn(**turn) for turn in values.pop("turns", [])]
         feedback = [Feedback(**item) for item in values.pop("feedback", [])]
         known = set(cls.__slots__) - {"_dropped"}  # type: ignore[attr-defined]
         state = cls(**{k: v for k, v in values.items() if k in known})
         state._dropped = set(state.dropped_span_ids)
-        state.turns = {turn.span_id: turn for turn in turns}
+        state.spans = {turn.span_id: turn for turn in spans}
         state.feedback = feedback
         return state
 
@@ -184,7 +184,7 @@ class ConversationTable:
         marker waits `end_grace_s` for turns still being routed from other partitions."""
         cid = event.conversation_id
         state = self.states.get(cid)
-        if state is not None and state.status == OPEN and state.turns and ts_ms - state.last_ms >= self.idle_ms:
+        if state is not None and state.status == OPEN and state.spans and ts_ms - state.last_ms >= self.idle_ms:
             self._complete(state, "idle_timeout", state.last_ms + self.idle_ms)  # idle before this event came
         if event.turn is not None and state is not None and state.seen(event.turn.span_id):
             self.counts["duplicate_spans"] += 1
@@ -218,13 +218,13 @@ class ConversationTable:
         if event.ended:
             state.ended = True
         self._touch(state)
-        if state.turns and state.ended and state.reordered and self.end_grace_ms > 0:
+        if state.spans and state.ended and state.reordered and self.end_grace_ms > 0:
             if state.end_due_ms is None:
                 state.end_due_ms = ts_ms + self.end_grace_ms
                 self._ending[cid] = state.end_due_ms
-        elif state.turns and state.ended:
+        elif state.spans and state.ended:
             self._complete(state, "end_marker", ts_ms)
-        elif len(state.turns) >= self.max_turns and len(exchanges(state.turns.values())) >= self.max_turns:
+        elif len(state.spans) >= self.max_turns and len(exchanges(state.spans.values())) >= self.max_turns:
             state.truncated = True
             self.counts["truncated_conversations"] += 1
             self._complete(state, "turn_cap", ts_ms)
@@ -273,7 +273,7 @@ class ConversationTable:
                 if len(waiting) >= len(self._open):
                     break
                 continue
-            if state.turns:
+            if state.spans:
                 self._complete(state, "idle_timeout", state.last_ms + self.idle_ms)
             else:  # feedback alone, never a turn
                 self._forget(state, "empty")
@@ -297,7 +297,7 @@ class ConversationTable:
             return False
         state = self.states[next(iter(self._open))]
         self.counts["completed_at_bound"] += 1
-        if state.turns:
+        if state.spans:
             self._complete(state, "memory_bound", max(now_ms, state.last_ms))
         else:
             self._forget(state, "empty")
@@ -348,15 +348,15 @@ class ConversationTable:
         # Surrounding whitespace is nobody's words (Strands' str(AgentResult) ends in a newline).
         turn.input = None if turn.input is None else clip(turn.input.strip(), MAX_FIELD_CHARS) or None
         turn.output = None if turn.output is None else clip(turn.output.strip(), MAX_FIELD_CHARS) or None
-        state.turns[turn.span_id] = turn
+        state.spans[turn.span_id] = turn
         grown = _turn_size(turn)
         state.size += grown
         self.memory.used += grown
-        # the kept turns' text: the size less the overheads and the 40 bytes each remembered dropped span id costs
-        chars = state.size - _STATE_OVERHEAD - _SPAN_OVERHEAD * len(state.turns) - 40 * len(state.dropped_span_ids)
-        while chars > self.max_bytes and len(state.turns) > 1:  # the judge's window: the oldest spans go first
-            oldest = min(state.turns.values(), key=lambda t: (t.start_ns, t.span_id))
-            del state.turns[oldest.span_id]
+        # the kept spans' text: the size less the overheads and the 40 bytes each remembered dropped span id costs
+        chars = state.size - _STATE_OVERHEAD - _SPAN_OVERHEAD * len(state.spans) - 40 * len(state.dropped_span_ids)
+        while chars > self.max_bytes and len(state.spans) > 1:  # the judge's window: the oldest spans go first
+            oldest = min(state.spans.values(), key=lambda t: (t.start_ns, t.span_id))
+            del state.spans[oldest.span_id]
             state.drop_ids([oldest.span_id])
             shrink = _turn_size(oldest)
             state.size -= shrink - 40  # the id stays
@@ -367,13 +367,13 @@ class ConversationTable:
         self._bound_dropped(state)
 
     def _new_window(self, state: ConversationState) -> None:
-        """The judged window's turns go (their span ids stay: a redelivered one is still a duplicate)."""
-        for turn in state.turns.values():
+        """The judged window's spans go (their span ids stay: a redelivered one is still a duplicate)."""
+        for turn in state.spans.values():
             shrink = _turn_size(turn) - 40  # the id stays
             state.size -= shrink
             self.memory.used -= shrink
-        state.drop_ids(list(state.turns))
-        state.turns.clear()
+        state.drop_ids(list(state.spans))
+        state.spans.clear()
         self._bound_dropped(state)
 
     def _bound_dropped(self, state: ConversationState) -> None:
@@ -451,8 +451,8 @@ class ConversationTable:
 
     def _dispatch(self, state: ConversationState, completed_by: str, at_ms: int, *, force: bool = False) -> None:
         try:
-            turns = tuple(exchanges(state.turns.values()))
-            identity = content_id(state.id, turns)
+            said = tuple(exchanges(state.spans.values()))
+            identity = content_id(state.id, said)
         except Exception:  # nothing a record contains may stop the consumer
             logger.exception("conversation %r could not be assembled: dropped", state.id)
             self.counts["unreadable"] += 1
@@ -460,16 +460,16 @@ class ConversationTable:
         if identity in state.dispatched and not force:
             self.counts["unchanged_completions"] += 1  # the same transcript again: one judgement per content
             return
-        indices = [t.index for t in turns if t.index is not None]
-        version = max(len(turns), max(indices) + 1) if indices else len(turns)
+        indices = [t.index for t in said if t.index is not None]
+        version = max(len(said), max(indices) + 1) if indices else len(said)
         job = JudgeJob(
             key=f"{state.id}#{identity}",
             conversation_id=state.id,
             agent=state.agent or "unknown",
             partition=-1,
             version=version,
-            turns=turns,
-            has_error=any(t.is_error for t in turns),
+            exchanges=said,
+            has_error=any(t.is_error for t in said),
             negative_feedback=force or state.negative_feedback,
             truncated=state.truncated,
             completed_by=completed_by,

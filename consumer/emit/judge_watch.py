@@ -18,7 +18,7 @@ from tracejudge.metrics import MetricResult
 PURPOSE_LIVE, PURPOSE_CANARY, PURPOSE_SHADOW = "live", "canary", "shadow"
 
 
-class CanaryMetrics:
+class CanaryInstruments:
     """tracejudge_canary_*: one run's figures per metric, model and rubric version, set by the replica running it."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
@@ -155,7 +155,7 @@ class _ShadowWindows(Collector):
         yield family
 
 
-class ShadowMetrics:
+class ShadowInstruments:
     """The shadow judge's series: agreement with the primary, disagreements by verdict pair, its own rates."""
 
     def __init__(self, registry: CollectorRegistry, *, window_sessions: int, window_seconds: float) -> None:

@@ -162,7 +162,7 @@ class EvaluationEmitter:
 
     def _emit(self, judgement: Judgement) -> None:
         job = judgement.job
-        parent = _parent_context(job.last_turn.trace_id, job.last_turn.span_id)
+        parent = _parent_context(job.last_exchange.trace_id, job.last_exchange.span_id)
         end_ns = int(judgement.judged_at * 1e9)
         for result in judgement.results:
             attributes = evaluation_attributes(judgement, result)

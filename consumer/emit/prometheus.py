@@ -20,7 +20,7 @@ from tracejudge.metrics.failure_rate import FAILURE_RATE_WEIGHTS
 
 from ..feedback import Agreement
 from ..judgement import OUTCOME_SAMPLED_OUT, OUTCOMES, Judgement
-from .judge_watch import PURPOSE_LIVE, PURPOSE_SHADOW, CanaryMetrics, ShadowMetrics
+from .judge_watch import PURPOSE_LIVE, PURPOSE_SHADOW, CanaryInstruments, ShadowInstruments
 
 OTHER_AGENT = "_other"
 FAILURE_RATE = "failure_rate"
@@ -220,7 +220,7 @@ def family_total(registry: CollectorRegistry, family: str, suffix: str = "_total
     )
 
 
-class ConsumerMetrics:
+class ConsumerInstruments:
     """Every metric the consumer exports; call the `record_*` methods from any thread."""
 
     def __init__(
@@ -338,8 +338,8 @@ class ConsumerMetrics:
         for output in ("results_topic", "dead_letter", "otlp", "sink"):
             self.output_errors.labels(output=output)
         self._seen_agents: set[str] = set()
-        self.canary = CanaryMetrics(registry)
-        self.shadow = ShadowMetrics(registry, window_sessions=window_sessions, window_seconds=window_seconds)
+        self.canary = CanaryInstruments(registry)
+        self.shadow = ShadowInstruments(registry, window_sessions=window_sessions, window_seconds=window_seconds)
 
     def _agent(self, agent: str) -> str:
         label = self.agent_label(agent)
@@ -377,7 +377,7 @@ class ConsumerMetrics:
             if result.error is not None or result.score is None or result.verdict is None:
                 self.judge_errors.labels(metric=result.name, reason=result.error_kind or "unknown").inc()
                 continue
-            exemplar = trace_exemplar(judgement.job.last_turn.trace_id, judgement.job.last_turn.span_id)
+            exemplar = trace_exemplar(judgement.job.last_exchange.trace_id, judgement.job.last_exchange.span_id)
             self.verdicts.labels(agent=agent, metric=result.name, verdict=result.verdict).inc(exemplar=exemplar)
             self.score.labels(agent=agent, metric=result.name).observe(result.score, exemplar=exemplar)
             self.windows.add(result.name, agent, result.score, result.verdict)

@@ -44,7 +44,7 @@ from ..conversation.table import COMPLETED, OPEN, ConversationState, Conversatio
 from ..conversation.textless import TextlessSpans
 from ..conversations import JudgeJob
 from ..emit import KafkaWriter
-from ..emit.prometheus import ConsumerMetrics
+from ..emit.prometheus import ConsumerInstruments
 from ..settings import Settings
 from . import records as R
 from .instruments import StreamsInstruments
@@ -125,7 +125,7 @@ class Assembler(AsyncConsumerRebalanceListener):
     def __init__(
         self,
         settings: Settings,
-        prometheus: ConsumerMetrics,
+        prometheus: ConsumerInstruments,
         instruments: StreamsInstruments,
         select: Callable[[JudgeJob], bool],
         *,

@@ -28,7 +28,7 @@ from tracejudge._shared.rate_limited_log import RateLimitedLog
 from ..adapters import Feedback
 from ..conversation.job import JudgeJob
 from ..delivery import Delivery
-from ..emit.prometheus import ConsumerMetrics
+from ..emit.prometheus import ConsumerInstruments
 from ..feedback import FeedbackJoiner
 from ..judgement import OUTCOME_JUDGED, OUTCOME_SAMPLED_OUT, Judgement
 from ..offsets import OffsetTracker
@@ -50,7 +50,7 @@ class JudgeWorker(AsyncConsumerRebalanceListener):
         settings: Settings,
         pool: JudgePool,
         delivery: Delivery,
-        prometheus: ConsumerMetrics,
+        prometheus: ConsumerInstruments,
         instruments: StreamsInstruments,
         *,
         partitions: int,

@@ -22,7 +22,7 @@ from tracejudge.consumer.cli import main
 from tracejudge.consumer.cli.calibrate import LABELS, Outcome, load_dataset, metric_report, run_calibrate
 from tracejudge.consumer.cli.parser import build_parser
 from tracejudge.consumer.embedded_broker import EmbeddedBroker
-from tracejudge.consumer.emit.prometheus import ConsumerMetrics
+from tracejudge.consumer.emit.prometheus import ConsumerInstruments
 from tracejudge.metrics import ConversationalFlowRateMetric, CustomLLMClient, FailureRateMetric, MetricResult
 from tracejudge.metrics.calibration import (
     CalibrationError,
@@ -408,17 +408,17 @@ def test_consume_refuses_a_useless_or_bad_calibration(
 
 def test_corrected_series_only_with_calibration(tmp_path: Path) -> None:
     plain = CollectorRegistry()
-    metrics = ConsumerMetrics(plain)
-    metrics.windows.add("failure_rate", "bot", 0.0, "hallucination")
+    instruments = ConsumerInstruments(plain)
+    instruments.windows.add("failure_rate", "bot", 0.0, "hallucination")
     assert plain.get_sample_value("tracejudge_hallucination_rate", {"agent": "bot"}) == 1.0
     assert b"corrected" not in generate_latest(plain)
 
     calibrated = CollectorRegistry()
     calibration = HallucinationCalibration.from_counts(tp=18, fn=2, tn=95, fp=5)
-    metrics = ConsumerMetrics(calibrated, window_sessions=300, calibration=calibration)
+    instruments = ConsumerInstruments(calibrated, window_sessions=300, calibration=calibration)
     assert calibrated.get_sample_value("tracejudge_hallucination_rate_corrected", {"agent": "bot"}) is None
     for i in range(300):
-        metrics.windows.add("failure_rate", "bot", 1.0, "hallucination" if i < 60 else "not_applicable")
+        instruments.windows.add("failure_rate", "bot", 1.0, "hallucination" if i < 60 else "not_applicable")
     expected = corrected_rate(60, 300, calibration)
     get = calibrated.get_sample_value
     assert get("tracejudge_hallucination_rate", {"agent": "bot"}) == pytest.approx(0.2)

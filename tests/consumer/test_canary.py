@@ -225,7 +225,7 @@ def test_canary_respects_the_budget_and_takes_its_floor_from_the_calibration_rep
     from prometheus_client import CollectorRegistry
 
     from tracejudge.consumer.canary import Canary, calibration_accuracies
-    from tracejudge.consumer.emit.prometheus import ConsumerMetrics
+    from tracejudge.consumer.emit.prometheus import ConsumerInstruments
     from tracejudge.consumer.pool import JudgePool
     from tracejudge.metrics import FailureRateMetric
 
@@ -233,7 +233,7 @@ def test_canary_respects_the_budget_and_takes_its_floor_from_the_calibration_rep
     report = tmp_path / "calibration.json"
     report.write_text(json.dumps({"metrics": {"failure_rate": {"accuracy": 0.9}}}))
     registry = CollectorRegistry()
-    prometheus = ConsumerMetrics(registry)
+    prometheus = ConsumerInstruments(registry)
     judge = FailureRateMetric("gpt-4o-mini", redactor=None)
     pool = JudgePool([judge], lambda _j: None, max_concurrency=1, max_cost_per_hour=1e-6).start()
     try:
@@ -285,7 +285,7 @@ def test_a_user_canary_set_and_a_replica_that_stops_owning_the_canary(
     from prometheus_client import CollectorRegistry
 
     from tracejudge.consumer.canary import Canary
-    from tracejudge.consumer.emit.prometheus import ConsumerMetrics
+    from tracejudge.consumer.emit.prometheus import ConsumerInstruments
     from tracejudge.consumer.pool import JudgePool
     from tracejudge.metrics import FailureRateMetric
 
@@ -306,7 +306,7 @@ def test_a_user_canary_set_and_a_replica_that_stops_owning_the_canary(
     pool = JudgePool([judge], lambda _j: None).start()
     owner = threading.Event()
     owner.set()
-    canary = Canary(0.5, items, [judge], pool, ConsumerMetrics(registry), owner.is_set).start()
+    canary = Canary(0.5, items, [judge], pool, ConsumerInstruments(registry), owner.is_set).start()
     labels = {"metric": "failure_rate", "model": judge.model_name, "rubric_version": judge.rubric_version}
     try:
         wait_for(lambda: len(canary.runs) >= 2, timeout=20, what="two runs")

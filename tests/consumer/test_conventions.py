@@ -13,7 +13,7 @@ from tracejudge.consumer.adapters import extract, textless_model_call
 from tracejudge.consumer.adapters._text import content_text, exchange_input
 from tracejudge.consumer.conversations import ConversationStore
 from tracejudge.consumer.decode import DecodedSpan, SpanEvent
-from tracejudge.consumer.emit.prometheus import ConsumerMetrics
+from tracejudge.consumer.emit.prometheus import ConsumerInstruments
 from tracejudge.consumer.ingest import Ingest
 from tracejudge.consumer.offsets import OffsetTracker
 
@@ -196,7 +196,7 @@ def test_text_less_spans_counted_by_convention_and_told_once_per_scope(caplog) -
             attributes["session.id"] = conversation
         tracer.start_span("gen", attributes=attributes).end()
     registry = CollectorRegistry()
-    ingest = Ingest(ConversationStore(), OffsetTracker(), ConsumerMetrics(registry), max_record_bytes=10_000_000)
+    ingest = Ingest(ConversationStore(), OffsetTracker(), ConsumerInstruments(registry), max_record_bytes=10_000_000)
     with caplog.at_level(logging.WARNING, logger="tracejudge.consumer"):
         for finished in exporter.get_finished_spans():
             assert ingest.record(0, _Record(encode_spans([finished]).SerializeToString()), 0.0)
@@ -210,7 +210,7 @@ def test_text_less_spans_counted_by_convention_and_told_once_per_scope(caplog) -
     assert len(told) == 1, told  # once per service and scope
     assert "'shop'" in told[0] and "'langfuse-sdk'" in told[0] and "langfuse.observation.type" in told[0]
     assert "LANGFUSE_OBSERVE_DECORATOR_IO_CAPTURE_ENABLED" in told[0]
-    assert len(ingest.store.open["c1"].turns) == 2
+    assert len(ingest.store.open["c1"].spans) == 2
 
 
 def test_content_less_agent_run_with_a_tool_is_one_exchange() -> None:
@@ -291,4 +291,4 @@ def test_content_less_agent_run_with_a_tool_is_one_exchange() -> None:
                 store.apply(event, 0, 0, 0.0)
     store.expire_idle(10_000.0)
     [job] = store.take_ready()
-    assert job.version == 3 and not job.judgeable_turns
+    assert job.version == 3 and not job.judgeable_exchanges

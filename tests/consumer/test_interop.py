@@ -136,12 +136,12 @@ def test_the_judge_receives_the_real_conversation(replayed: dict[str, Replay], s
 def assert_the_real_conversation(setup: str, replay: Replay) -> None:
     """The judgement and the judge request a fixture produced: the expected conversation, exactly."""
     want = expected(setup)
-    assert len(replay.judgements) == 1, [(len(j.job.turns), j.job.completed_by) for j in replay.judgements]
+    assert len(replay.judgements) == 1, [(len(j.job.exchanges), j.job.completed_by) for j in replay.judgements]
     judgement = replay.judgements[0]
     job = judgement.job
     assert job.conversation_id == want["conversation_id"]
     assert job.agent == want["agent"]
-    assert job.version == len(want["turns"]) == len(job.turns)
+    assert job.version == len(want["turns"]) == len(job.exchanges)
     if want.get("content_on_spans") is False:
         # The library kept the text off the spans: the turns are counted, no judge is asked, no score is made up.
         assert judgement.outcome == "failed" and not replay.requests
@@ -244,9 +244,9 @@ def test_two_replicas_judge_each_exported_conversation_once_whole(
     for setup in SETUPS:
         want = expected(setup)
         job = judged[want["conversation_id"]]
-        assert job.version == len(job.turns) == len(want["turns"])
+        assert job.version == len(job.exchanges) == len(want["turns"])
         if want.get("content_on_spans") is not False:
-            assert [(t.input, t.output) for t in job.turns] == [(t["user"], t["assistant"]) for t in want["turns"]]
+            assert [(t.input, t.output) for t in job.exchanges] == [(t["user"], t["assistant"]) for t in want["turns"]]
 
 
 # -- the Collector route ------------------------------------------------------------------------------------------
@@ -369,7 +369,7 @@ def test_the_collector_route_judges_each_conversation_once_across_replicas(
     collector_replayed: dict[str, Replay],
 ) -> None:
     strays = collector_replayed[ALL]
-    assert not strays.judgements, [(j.job.conversation_id, len(j.job.turns)) for j in strays.judgements]
+    assert not strays.judgements, [(j.job.conversation_id, len(j.job.exchanges)) for j in strays.judgements]
     assert not strays.requests, [transcript(r) for r in strays.requests]
     shares = strays.shares
     assert sum(shares) == len(SETUPS) and sum(1 for n in shares if n) >= 2, shares  # the replicas shared the work

@@ -61,16 +61,16 @@ def test_every_fixture_is_the_conversation_the_user_had(setup: str) -> None:
     (job,) = replay(setup)
     assert job.conversation_id == want["conversation_id"]
     assert job.agent == want["agent"]
-    assert job.version == len(job.turns) == len(want["turns"])
+    assert job.version == len(job.exchanges) == len(want["turns"])
     if want.get("content_on_spans") is False:
-        assert not any(t.judgeable for t in job.turns)
+        assert not any(t.judgeable for t in job.exchanges)
         return
-    assert [(t.input, t.output) for t in job.turns] == [(t["user"], t["assistant"]) for t in want["turns"]]
+    assert [(t.input, t.output) for t in job.exchanges] == [(t["user"], t["assistant"]) for t in want["turns"]]
     fake = fake_server()
-    said = [text for t in job.turns for text in (t.input or "", t.output or "")]
+    said = [text for t in job.exchanges for text in (t.input or "", t.output or "")]
     assert not [m for m in STATE_MARKERS for text in said if m in text]
-    assert not [r for r in fake.TOOL_RESULTS.values() for t in job.turns if r in (t.output or "")]
-    assert not [t for t in job.turns if fake.SYSTEM_PROMPT in (t.input or "")]
+    assert not [r for r in fake.TOOL_RESULTS.values() for t in job.exchanges if r in (t.output or "")]
+    assert not [t for t in job.exchanges if fake.SYSTEM_PROMPT in (t.input or "")]
 
 
 def _span(name: str = "s", parent: str = "", **attributes: Any) -> DecodedSpan:

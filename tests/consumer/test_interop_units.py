@@ -156,9 +156,9 @@ def test_the_same_exchange_twice_counts_once_only_when_the_spans_overlap() -> No
 def test_turn_count_and_version_count_exchanges() -> None:
     conv = Conversation("c", 0, "bot", 0.0, 0, "k")
     for t in [turn("a", "", 0, 100, None, None), turn("c", "a", 10, 90, "q", "x"), turn("b", "", 200, 300, "q2", "y")]:
-        conv.turns[t.span_id] = t
+        conv.spans[t.span_id] = t
     job = conv.snapshot("end_marker")
-    assert (job.version, len(job.turns)) == (2, 2)
+    assert (job.version, len(job.exchanges)) == (2, 2)
 
 
 def test_cycles_and_deep_chains_lose_nothing() -> None:
@@ -241,7 +241,7 @@ def test_the_turn_cap_counts_exchanges_not_spans() -> None:
     store.apply(ConversationEvent("c", "bot", turn(*spans[2])), 0, 0, 0.0)
     (job,) = store.take_ready()
     assert (job.completed_by, job.truncated, job.version) == ("turn_cap", True, 2)
-    assert pairs(list(job.turns)) == [("q1", "x1"), ("q2", "x2")]
+    assert pairs(list(job.exchanges)) == [("q1", "x1"), ("q2", "x2")]
 
 
 def test_an_array_is_not_a_conversation_id() -> None:

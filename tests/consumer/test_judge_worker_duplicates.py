@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry
 
 from tracejudge.consumer.adapters import Turn
 from tracejudge.consumer.conversation.job import JudgeJob
-from tracejudge.consumer.emit.prometheus import ConsumerMetrics
+from tracejudge.consumer.emit.prometheus import ConsumerInstruments
 from tracejudge.consumer.judgement import OUTCOME_FAILED, OUTCOME_JUDGED, Judgement
 from tracejudge.consumer.settings import Settings
 from tracejudge.consumer.streams import records as R
@@ -69,7 +69,7 @@ def job_record(offset: int, content_id: str) -> Record:
         agent="a",
         partition=0,
         version=1,
-        turns=(Turn("s0", "t", "", 1, 2, "q", "a", index=0),),
+        exchanges=(Turn("s0", "t", "", 1, 2, "q", "a", index=0),),
         has_error=False,
         negative_feedback=False,
         truncated=False,
@@ -84,7 +84,7 @@ def worker() -> tuple[JudgeWorker, Pool, Producer, StreamsInstruments]:
     instruments = StreamsInstruments(registry)
     pool, producer = Pool(), Producer()
     settings = Settings.from_options(topic="spans", group_id="g")
-    judges = JudgeWorker(settings, pool, None, ConsumerMetrics(registry), instruments, partitions=1)  # type: ignore[arg-type]
+    judges = JudgeWorker(settings, pool, None, ConsumerInstruments(registry), instruments, partitions=1)  # type: ignore[arg-type]
     judges.producer = producer  # type: ignore[assignment]
     return judges, pool, producer, instruments
 

@@ -299,5 +299,5 @@ def test_a_partition_that_moves_restores_its_conversations_from_the_changelog() 
     [dispatch] = moved.take_dispatches()
     job = dispatch.job
     assert job.conversation_id == "open" and job.completed_by == "end_marker"
-    assert [t.span_id for t in job.turns] == ["open-s0", "open-s1"]  # whole: the turn from before the move too
-    assert job.content_id == content_id("open", job.turns)
+    assert [t.span_id for t in job.exchanges] == ["open-s0", "open-s1"]  # whole: the turn from before the move too
+    assert job.content_id == content_id("open", job.exchanges)

@@ -15,7 +15,7 @@ from tracejudge.consumer.adapters import Turn
 from tracejudge.consumer.conversation.identity import content_id
 from tracejudge.consumer.conversations import JudgeJob
 from tracejudge.consumer.embedded_broker import EmbeddedBroker
-from tracejudge.consumer.emit.prometheus import ConsumerMetrics
+from tracejudge.consumer.emit.prometheus import ConsumerInstruments
 from tracejudge.consumer.judgement import Judgement
 from tracejudge.consumer.results import result_id
 from tracejudge.metrics import MetricResult
@@ -32,8 +32,8 @@ def verdict(metric: str, label: str, score: float) -> MetricResult:
 
 def test_windows_count_and_time() -> None:
     registry = CollectorRegistry()
-    metrics = ConsumerMetrics(registry, window_sessions=4, window_seconds=100)
-    windows = metrics.windows
+    instruments = ConsumerInstruments(registry, window_sessions=4, window_seconds=100)
+    windows = instruments.windows
     for i, label in enumerate(["hallucination", "honest_fallback", "hallucination", "stall", "stall", "stall"]):
         windows.add("failure_rate", "bot", 0.0, label, now=float(i))
     rate, _ = windows.values(now=6.0)
@@ -48,14 +48,14 @@ def test_windows_count_and_time() -> None:
 
 def test_registry_values_and_cardinality_guard() -> None:
     registry = CollectorRegistry()
-    metrics = ConsumerMetrics(registry, max_agents=3)
+    instruments = ConsumerInstruments(registry, max_agents=3)
     for i in range(10):
-        metrics.record_judgement(
+        instruments.record_judgement(
             Judgement(job(f"c{i}", agent=f"agent-{i}"), "judged", [verdict("failure_rate", "hallucination", 0.0)])
         )
     failed = MetricResult(name="failure_rate", threshold=0.7, model="m", error="x", error_kind="timeout")
-    metrics.record_judgement(Judgement(job("f", agent="agent-0"), "failed", [failed]))
-    metrics.record_judgement(Judgement(job("s", agent="agent-1"), "sampled_out"))
+    instruments.record_judgement(Judgement(job("f", agent="agent-0"), "failed", [failed]))
+    instruments.record_judgement(Judgement(job("s", agent="agent-1"), "sampled_out"))
     agents = {s.labels["agent"] for family in registry.collect() for s in family.samples if "agent" in s.labels}
     assert agents == {"agent-0", "agent-1", "agent-2", "_other"}
     get = registry.get_sample_value
@@ -139,10 +139,11 @@ def test_scrape_otlp_and_results_topic(broker: EmbeddedBroker, topic: str, judge
         # The app closed and flushed its OTLP providers on stop.
         contents = {j.job.conversation_id: j.job.content_id for j in collect.judgements}
         for judgement in collect.judgements:  # the job's content id names exactly the transcript it judged
-            assert judgement.job.content_id == content_id(judgement.job.conversation_id, judgement.job.turns)
+            assert judgement.job.content_id == content_id(judgement.job.conversation_id, judgement.job.exchanges)
         assert len(set(contents.values())) == 2
         judged_turns = {
-            j.job.conversation_id: (j.job.last_turn.trace_id, j.job.last_turn.span_id) for j in collect.judgements
+            j.job.conversation_id: (j.job.last_exchange.trace_id, j.job.last_exchange.span_id)
+            for j in collect.judgements
         }
         spans = [s for s in receiver.spans if s.name.startswith("evaluate ")]
         assert sorted(s.name for s in spans) == [

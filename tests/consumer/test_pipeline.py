@@ -74,7 +74,7 @@ def test_end_to_end_with_end_markers(broker: EmbeddedBroker, topic: str, judge_s
     assert set(judged) == {f"e2e-{i}" for i in range(5)}
     job = judged["e2e-3"].job
     assert job.completed_by == "end_marker" and job.version == 3
-    assert [t.input for t in job.turns] == ["question 3.0", "question 3.1", "question 3.2"]
+    assert [t.input for t in job.exchanges] == ["question 3.0", "question 3.1", "question 3.2"]
     sent = [conversation_text(r) for r in judge_server.requests if "question 3.0" in conversation_text(r)]
     assert len(sent) == 2 and "answer 3.2" in sent[0]
     provider.shutdown()
@@ -133,7 +133,7 @@ def test_duplicate_records_count_once(broker: EmbeddedBroker, topic: str, judge_
     with RunningConsumer(settings, extra_sinks=[collect]) as consumer:
         wait_for(lambda: consumer.sessions("judged") == 1, what="one judgement")
         assert consumer.app.service.counts()["duplicate_spans"] == 4
-    assert len(collect.judgements) == 1 and len(collect.judgements[0].job.turns) == 2
+    assert len(collect.judgements) == 1 and len(collect.judgements[0].job.exchanges) == 2
     assert len(judge_server.requests) == 1
 
 
@@ -205,5 +205,5 @@ def test_continued_conversation_is_judged_again_as_a_new_version(
         wait_for(lambda: consumer.sessions("judged") == 2, what="second version")
     first, second = collect.judgements
     assert (first.job.version, second.job.version) == (1, 3)
-    assert [t.input for t in second.job.turns] == ["first", "second", "third"]
+    assert [t.input for t in second.job.exchanges] == ["first", "second", "third"]
     provider.shutdown()

@@ -19,7 +19,7 @@ from tracejudge.consumer.adapters import Turn
 from tracejudge.consumer.app import build_app
 from tracejudge.consumer.conversations import JudgeJob
 from tracejudge.consumer.embedded_broker import EmbeddedBroker
-from tracejudge.consumer.emit.prometheus import ConsumerMetrics, trace_exemplar
+from tracejudge.consumer.emit.prometheus import ConsumerInstruments, trace_exemplar
 from tracejudge.consumer.judgement import Judgement
 from tracejudge.consumer.service import ConsumerService
 from tracejudge.metrics import ConversationalFlowRateMetric, CustomLLMClient, FailureRateMetric, MetricResult
@@ -128,10 +128,10 @@ def test_exemplar_only_for_valid_ids_and_the_count_never_suffers() -> None:
     ):
         assert trace_exemplar(trace_id, span_id) is None
     registry = CollectorRegistry()
-    metrics = ConsumerMetrics(registry)
+    instruments = ConsumerInstruments(registry)
     result = MetricResult(name="failure_rate", verdict="stall", score=0.4, threshold=0.7, model="m")
-    metrics.record_judgement(Judgement(job_with_ids("not hex", ""), "judged", [result]))
-    metrics.record_judgement(Judgement(job_with_ids("b" * 32, "c" * 16), "judged", [result]))
+    instruments.record_judgement(Judgement(job_with_ids("not hex", ""), "judged", [result]))
+    instruments.record_judgement(Judgement(job_with_ids("b" * 32, "c" * 16), "judged", [result]))
     labels = {"agent": "a", "metric": "failure_rate", "verdict": "stall"}
     assert registry.get_sample_value("tracejudge_verdicts_total", labels) == 2.0
     sample = next(
@@ -171,7 +171,7 @@ def test_judge_info_is_one_series_per_judge_with_a_custom_client() -> None:
     }
     # A service built without build_app (library use) reports its judges too.
     registry = CollectorRegistry()
-    ConsumerService(settings, [FailureRateMetric("anthropic/claude-haiku-4-5")], ConsumerMetrics(registry))
+    ConsumerService(settings, [FailureRateMetric("anthropic/claude-haiku-4-5")], ConsumerInstruments(registry))
     ((metric, model, version),) = judge_info(registry)
     assert (metric, model) == ("failure_rate", "anthropic/claude-haiku-4-5")
     assert version == FailureRateMetric("anthropic/claude-haiku-4-5").rubric_version

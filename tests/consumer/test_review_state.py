@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry
 
 from tracejudge.consumer.adapters import ConversationEvent, Turn
 from tracejudge.consumer.conversation.table import ConversationState, ConversationTable, MemoryBound
-from tracejudge.consumer.emit.prometheus import ConsumerMetrics
+from tracejudge.consumer.emit.prometheus import ConsumerInstruments
 from tracejudge.consumer.settings import Settings
 from tracejudge.consumer.streams.assembler import Assembler, Task
 
@@ -44,7 +44,7 @@ def test_shared_memory_bound_never_judges_another_partitions_live_conversation_i
     for n in range(3):
         b.apply(turn("live", n), 5000 + n)
     b.apply(end("live"), 5003)
-    fragments = [[t.span_id for t in d.job.turns] for d in b.take_dispatches()]
+    fragments = [[t.span_id for t in d.job.exchanges] for d in b.take_dispatches()]
     assert fragments == [["live-s0", "live-s1", "live-s2"]], fragments  # on `state`: [[s0], [s1], [s2]]
 
 
@@ -142,7 +142,7 @@ def assembler(**options: Any) -> Assembler:
 
     asm = Assembler(
         settings,
-        ConsumerMetrics(registry),
+        ConsumerInstruments(registry),
         StreamsInstruments(registry),
         lambda job: True,
         partitions=2,
@@ -256,5 +256,5 @@ def test_open_bound_with_an_interleaved_backlog_is_counted_and_ends_whole() -> N
     dispatches = task.table.take_dispatches()
     early = [d for d in dispatches if d.job.completed_by == "memory_bound"]
     assert early and task.table.counts["completed_at_bound"] == len(early)
-    last = {d.job.conversation_id: [t.span_id.split("-")[1] for t in d.job.turns] for d in dispatches}
+    last = {d.job.conversation_id: [t.span_id.split("-")[1] for t in d.job.exchanges] for d in dispatches}
     assert last == {cid: ["s0", "s1"] for cid in ids}, last

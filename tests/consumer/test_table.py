@@ -20,18 +20,18 @@ def test_past_the_turn_cap_the_conversation_goes_on_in_windows() -> None:
         table.apply(turn("c", n), 1000 + n)
     table.apply(turn("c", 3), 2000)  # a redelivered span of the first window: still a duplicate
     dispatched = table.take_dispatches()
-    assert [[t.span_id for t in d.job.turns] for d in dispatched] == [
+    assert [[t.span_id for t in d.job.exchanges] for d in dispatched] == [
         [f"c-s{n}" for n in range(5)],
         [f"c-s{n}" for n in range(5, 10)],
     ]
     assert all(d.job.truncated and d.job.completed_by == "turn_cap" for d in dispatched)
     assert table.counts["truncated_conversations"] == 2 and table.counts["duplicate_spans"] == 1
     state = table.get("c")
-    assert state is not None and [t.span_id for t in state.turns.values()] == ["c-s10", "c-s11"]
+    assert state is not None and [t.span_id for t in state.spans.values()] == ["c-s10", "c-s11"]
     assert table.memory.used == state.size  # the windows' text was released, their ids kept
     table.advance(2000 + table.idle_ms)
     [last] = table.take_dispatches()
-    assert [t.span_id for t in last.job.turns] == ["c-s10", "c-s11"] and last.job.completed_by == "idle_timeout"
+    assert [t.span_id for t in last.job.exchanges] == ["c-s10", "c-s11"] and last.job.completed_by == "idle_timeout"
 
 
 def test_remembered_span_ids_are_bounded() -> None:

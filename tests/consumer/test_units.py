@@ -53,11 +53,16 @@ def test_invalid_configuration_exits_2_with_one_line(args: list[str]) -> None:
     assert len(completed.stderr.strip().splitlines()) == 1 and "invalid configuration" in completed.stderr
 
 
-def test_sampling_is_deterministic_and_per_agent() -> None:
+def test_sample_points_are_pinned_and_sampling_is_per_agent() -> None:
     from tests.consumer.test_outputs import job
 
     ids = [f"conv-{i}" for i in range(2_000)]
     assert [sample_point(i) for i in ids] == [sample_point(i) for i in ids]
+    # Pinned values: every replica and every restart must draw the same point (a per-process hash() would not).
+    assert sample_point("conv-0") == 0.2574288113682099
+    assert sample_point("conv-1") == 0.6011535271499797
+    assert sample_point("conv-42") == 0.08855837034586184
+    assert sample_point("\u00e9t\u00e9-\ud800") == 0.1952590122370766  # not UTF-8 clean: still a stable point
     share = sum(sample_point(i) < 0.3 for i in ids) / len(ids)
     assert 0.25 < share < 0.35
     sampler = Sampler(0.0, {"vip": 1.0})
@@ -93,7 +98,7 @@ def test_sessions_dedupe_cap_and_continuation() -> None:
     assert job.truncated and job.version == 3 and job.completed_by == "turn_cap"
     store.finished(job)
     store.apply(ConversationEvent("c", "bot", turn("s3", 3)), 0, 8, 1.0)
-    assert len(store.open["c"].turns) == 1  # after a cap, the next window starts empty
+    assert len(store.open["c"].spans) == 1  # after a cap, the next window starts empty
     store.apply(ConversationEvent("c", "bot", ended=True), 0, 9, 1.0)
     (second,) = store.take_ready()
     assert second.version == 4 and second.completed_by == "end_marker"
@@ -214,7 +219,7 @@ def test_a_raising_sink_is_counted_and_heard_and_the_others_still_deliver(caplog
     from prometheus_client import CollectorRegistry
 
     from tracejudge.consumer.delivery import Delivery
-    from tracejudge.consumer.emit.prometheus import ConsumerMetrics
+    from tracejudge.consumer.emit.prometheus import ConsumerInstruments
     from tracejudge.consumer.judgement import OUTCOME_JUDGED, Judgement
 
     class BrokenSink:
@@ -231,7 +236,7 @@ def test_a_raising_sink_is_counted_and_heard_and_the_others_still_deliver(caplog
     store = ConversationStore(idle_timeout_s=10)
     for cid in ("a", "b", "c"):
         store.apply(ConversationEvent(cid, "bot", turn(f"{cid}-0", 0), ended=True), 0, 1, 0.0)
-    delivery = Delivery(ConsumerMetrics(registry), [BrokenSink(), Sink()])
+    delivery = Delivery(ConsumerInstruments(registry), [BrokenSink(), Sink()])
     with caplog.at_level("WARNING", logger="tracejudge.consumer"):
         for job in store.take_ready():
             delivery.judged(Judgement(job, OUTCOME_JUDGED))

@@ -14,7 +14,7 @@ import yaml
 from prometheus_client import CollectorRegistry
 
 from tests.conftest import missing_part, require_binary
-from tracejudge.consumer.emit.prometheus import ConsumerMetrics
+from tracejudge.consumer.emit.prometheus import ConsumerInstruments
 from tracejudge.consumer.feedback import Agreement
 from tracejudge.consumer.judgement import Judgement
 from tracejudge.metrics import FailureRateMetric, MetricResult
@@ -53,7 +53,9 @@ def exported_metric_names() -> set[str]:
 
     registry = CollectorRegistry()
     # With --calibration the corrected hallucination series exist too (the dashboard has a panel for them).
-    metrics = ConsumerMetrics(registry, calibration=HallucinationCalibration.from_counts(tp=9, fn=1, tn=18, fp=2))
+    instruments = ConsumerInstruments(
+        registry, calibration=HallucinationCalibration.from_counts(tp=9, fn=1, tn=18, fp=2)
+    )
     result = MetricResult(
         name="failure_rate",
         verdict="stall",
@@ -67,22 +69,22 @@ def exported_metric_names() -> set[str]:
     )
     error = MetricResult(name="conversational_flow", threshold=0.7, model="m", error="x", error_kind="timeout")
     flow = MetricResult(name="conversational_flow", verdict="fully", score=1.0, threshold=0.7, model="m")
-    metrics.record_judgement(Judgement(job("c"), "judged", [result, flow]))
-    metrics.record_judgement(Judgement(job("d"), "failed", [error]))
+    instruments.record_judgement(Judgement(job("c"), "judged", [result, flow]))
+    instruments.record_judgement(Judgement(job("d"), "failed", [error]))
     flex = MetricResult(name="failure_rate", verdict="stall", score=0.4, threshold=0.7, model="m", tier_fallbacks=1)
-    metrics.record_judgement(Judgement(job("e"), "judged", [flex]))
-    metrics.record_batch_event("submitted")
-    metrics.record_verdict_delay(Judgement(replace(job("f"), completed_ms=1), "judged", [result]))
-    metrics.lag.labels(partition="0").set(1)
-    metrics.record_judges([FailureRateMetric("m")])
-    metrics.record_feedback("a", negative=True)
-    metrics.record_agreement(Agreement("a", "failure_rate", judge_passed=True, human_positive=False))
-    metrics.canary.record_run("failure_rate", "m", "failure_rate@x", 0.9, 0.8, 0)
-    metrics.canary.floor.labels(metric="failure_rate").set(0.8)
-    metrics.canary.runs.inc()
-    metrics.canary.errors.labels(metric="failure_rate", reason="timeout").inc()
+    instruments.record_judgement(Judgement(job("e"), "judged", [flex]))
+    instruments.record_batch_event("submitted")
+    instruments.record_verdict_delay(Judgement(replace(job("f"), completed_ms=1), "judged", [result]))
+    instruments.lag.labels(partition="0").set(1)
+    instruments.record_judges([FailureRateMetric("m")])
+    instruments.record_feedback("a", negative=True)
+    instruments.record_agreement(Agreement("a", "failure_rate", judge_passed=True, human_positive=False))
+    instruments.canary.record_run("failure_rate", "m", "failure_rate@x", 0.9, 0.8, 0)
+    instruments.canary.floor.labels(metric="failure_rate").set(0.8)
+    instruments.canary.runs.inc()
+    instruments.canary.errors.labels(metric="failure_rate", reason="timeout").inc()
     shadow = MetricResult(name="failure_rate", verdict="hallucination", score=0.0, threshold=0.7, model="s")
-    metrics.record_judgement(Judgement(job("e"), "judged", [result], shadow_results=[shadow, error]))
+    instruments.record_judgement(Judgement(job("e"), "judged", [result], shadow_results=[shadow, error]))
     return {sample.name for family in registry.collect() for sample in family.samples}
 
 

@@ -92,7 +92,7 @@ def test_configuration_table_is_every_consume_flag_with_its_variable_and_default
 def test_metrics_table_is_every_series_the_consumer_exports() -> None:
     from prometheus_client import CollectorRegistry
 
-    from tracejudge.consumer.emit.prometheus import ConsumerMetrics
+    from tracejudge.consumer.emit.prometheus import ConsumerInstruments
     from tracejudge.consumer.streams.instruments import StreamsInstruments
     from tracejudge.metrics.calibration import HallucinationCalibration
 
@@ -106,7 +106,7 @@ def test_metrics_table_is_every_series_the_consumer_exports() -> None:
     )
     registry = CollectorRegistry()
     calibration = HallucinationCalibration(tp=18, fn=2, tn=95, fp=5)
-    ConsumerMetrics(registry, calibration=calibration)
+    ConsumerInstruments(registry, calibration=calibration)
     StreamsInstruments(registry)
     exported = {metric.name.removesuffix("_total") for metric in registry.collect()}
     documented_names = {name.removesuffix("_total") for name in documented | feedback}

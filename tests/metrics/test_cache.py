@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry
 from tests.consumer.test_outputs import job
 from tests.support.anthropic_server import AnthropicServer
 from tests.support.judge_server import JudgeServer, Reply
-from tracejudge.consumer.emit.prometheus import ConsumerMetrics
+from tracejudge.consumer.emit.prometheus import ConsumerInstruments
 from tracejudge.consumer.judgement import Judgement
 from tracejudge.metrics import (
     ConversationalEvalTestCase,
@@ -115,8 +115,8 @@ def test_claude_request_marks_the_system_block_only(anthropic: AnthropicServer) 
     assert all(a.cost_usd < f.cost_usd / 2 for f, a in zip(first, again, strict=True))
 
     registry = CollectorRegistry()
-    consumer_metrics = ConsumerMetrics(registry)
-    consumer_metrics.record_judgement(Judgement(job("c"), "judged", first + again))
+    instruments = ConsumerInstruments(registry)
+    instruments.record_judgement(Judgement(job("c"), "judged", first + again))
     tokens = {
         direction: registry.get_sample_value(
             "tracejudge_judge_tokens_total",
@@ -181,7 +181,7 @@ def test_openai_request_carries_no_breakpoint(judge_server: JudgeServer) -> None
     assert result.cost_usd == pytest.approx(expected, rel=1e-9)
 
     registry = CollectorRegistry()
-    ConsumerMetrics(registry).record_judgement(Judgement(job("c"), "judged", [result]))
+    ConsumerInstruments(registry).record_judgement(Judgement(job("c"), "judged", [result]))
     labels = {"metric": "failure_rate", "model": "gpt-4o-mini"}
     sample = registry.get_sample_value
     assert sample("tracejudge_judge_tokens_total", {**labels, "direction": "input"}) == 464

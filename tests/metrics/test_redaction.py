@@ -115,8 +115,29 @@ def test_bare_digit_run_is_a_phone_only_next_to_a_phone_word() -> None:
         "\x00\ud800 +1 (415) 555-2671",
     ],
 )
-def test_poison_input_returns_text(text: str) -> None:
-    assert isinstance(redact_pii(text), str)
+def test_poison_input_is_only_redacted_and_idempotent(text: str) -> None:
+    out = redact_pii(text)
+    assert_only_replaced(text, out)
+    assert redact_pii(out) == out
+
+
+def test_a_phone_in_poison_input_goes_and_the_rest_stays() -> None:
+    assert redact_pii("\x00\ud800 +1 (415) 555-2671") == "\x00\ud800 [PHONE]"
+
+
+def assert_only_replaced(text: str, out: str) -> None:
+    """`out` is `text` with some non-empty stretches replaced by markers, nothing else: the pieces between the
+    markers appear in `text` in order, the first at its start, the last at its end (earliest placement: if any
+    placement fits, this one does)."""
+    pieces = MARKERS.split(out)
+    assert text.startswith(pieces[0]), (text[:80], out[:80])
+    position = len(pieces[0])
+    for piece in pieces[1:-1]:
+        found = text.find(piece, position + 1)  # +1: a marker replaces at least one character
+        assert found >= 0, (piece[:80], out[:80])
+        position = found + len(piece)
+    if len(pieces) > 1:
+        assert text.endswith(pieces[-1]) and len(text) - len(pieces[-1]) > position, (text[-80:], out[-80:])
 
 
 _dates = st.dates().map(lambda d: st.sampled_from([d.isoformat(), d.strftime("%d.%m.%Y"), d.strftime("%m/%d/%Y")]))
@@ -193,7 +214,8 @@ def test_hostile_input_costs_well_under_a_second_per_100_kb(text: str) -> None:
     started = time.perf_counter()
     out = redact_pii(text)
     assert time.perf_counter() - started < 5.0, len(text)
-    assert isinstance(out, str)
+    assert_only_replaced(text, out)
+    assert redact_pii(out) == out
 
 
 def test_phone_parser_reads_at_most_its_budget_then_fails_closed(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -5,13 +5,13 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry
 
 from tests.consumer.test_outputs import job, verdict
-from tracejudge.consumer.emit.prometheus import ConsumerMetrics
+from tracejudge.consumer.emit.prometheus import ConsumerInstruments
 from tracejudge.consumer.judgement import Judgement
 
 
 def test_hundred_thousand_agents() -> None:
     registry = CollectorRegistry()
-    metrics = ConsumerMetrics(registry, max_agents=200)
+    metrics = ConsumerInstruments(registry, max_agents=200)
     result = [verdict("failure_rate", "stall", 0.4)]
     for i in range(100_000):
         metrics.record_judgement(Judgement(job(f"c{i}", agent=f"agent-{i}\n\x00{'x' * (i % 300)}"), "judged", result))

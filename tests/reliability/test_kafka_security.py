@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from tracejudge.consumer.emit.prometheus import ConsumerMetrics
+from tracejudge.consumer.emit.prometheus import ConsumerInstruments
 from tracejudge.consumer.service import ConsumerService
 from tracejudge.consumer.settings import Settings
 from tracejudge.tracer import KafkaSpanExporter
@@ -56,7 +56,7 @@ def test_consumer_passes_security_options_to_kafka_python() -> None:
         raise Captured
 
     settings = Settings.from_options(kafka_config=[f"{k}={v}" for k, v in SASL.items()])
-    service = ConsumerService(settings, [], ConsumerMetrics(CollectorRegistry()), consumer_factory=factory)
+    service = ConsumerService(settings, [], ConsumerInstruments(CollectorRegistry()), consumer_factory=factory)
     with pytest.raises(Captured):
         service.run()
     for key, value in SASL.items():

@@ -110,7 +110,7 @@ def fold(value: bytes) -> None:
         again, sampled, completed_ms = R.job_from_json(queued, key=job.key, partition=0)
         assert again == replace(job, partition=0, completed_ms=completed_ms) and sampled
         assert completed_ms == dispatch.completed_ms
-        again.judgeable_turns  # noqa: B018
+        again.judgeable_exchanges  # noqa: B018
         result = MetricResult(name="failure_rate", threshold=0.5, model="m", score=1.0, verdict="honest_fallback")
         json.dumps(result_record(Judgement(again, "judged", [result]), result))
         table.verdict(job.conversation_id, job.content_id, "judged", now)
@@ -258,7 +258,7 @@ def test_ten_thousand_hostile_records(broker: EmbeddedBroker, topic: str) -> Non
         assert service.counts()["truncated_conversations"] >= 99  # the 100,000-turn conversation, in windows of 1,000
         assert service.assembler is not None
         kept = [state for task in list(service.assembler.tasks.values()) for state in list(task.table.states.values())]
-        assert kept and all(len(state.turns) <= 1_000 for state in kept)
+        assert kept and all(len(state.spans) <= 1_000 for state in kept)
     growth_mb = current_rss_mb() - rss_before
     assert growth_mb < 800, f"memory grew by {growth_mb:.0f} MB"
     print(

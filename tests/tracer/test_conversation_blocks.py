@@ -103,7 +103,7 @@ def assemble(records: list[list[ReadableSpan]], idle_timeout_s: float = 300.0) -
 
 
 def questions(job: JudgeJob) -> list[str | None]:
-    return [t.input for t in job.turns]
+    return [t.input for t in job.exchanges]
 
 
 @pytest.mark.parametrize("traced", [False, True], ids=["instrumentation-only", "traced_agent"])
@@ -121,7 +121,7 @@ def test_one_block_per_request_from_two_processes_ends_nothing_and_counts_nothin
     (job,) = after_idle
     assert job.completed_by == "idle_timeout" and job.version == TURNS
     assert questions(job) == [f"question {t}" for t in range(TURNS)]
-    assert [t.output for t in job.turns] == [f"answer to question {t}" for t in range(TURNS)]
+    assert [t.output for t in job.exchanges] == [f"answer to question {t}" for t in range(TURNS)]
 
 
 def test_caller_given_turn_indexes_never_collide_across_processes() -> None:
@@ -136,7 +136,7 @@ def test_caller_given_turn_indexes_never_collide_across_processes() -> None:
     }
     assert by_question == {f"question {t}": t for t in range(TURNS)}
     _, (job,) = assemble([b.spans(), a.spans()])
-    assert [t.index for t in job.turns] == list(range(TURNS)) and job.version == TURNS
+    assert [t.index for t in job.exchanges] == list(range(TURNS)) and job.version == TURNS
 
 
 def test_a_bad_turn_index_is_dropped_and_said(caplog: pytest.LogCaptureFixture) -> None:
