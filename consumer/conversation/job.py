@@ -36,3 +36,25 @@ class JudgeJob:
     @property
     def judgeable_exchanges(self) -> tuple[Turn, ...]:
         return tuple(t for t in self.exchanges if t.judgeable)
+
+    # The names a result sink (`JudgementSink`, public) was written against before "turn" meant only a span:
+    # read-only aliases, kept so such sinks keep working.
+    @property
+    def turns(self) -> tuple[Turn, ...]:
+        """Alias of `exchanges`."""
+        return self.exchanges
+
+    @property
+    def last_turn(self) -> Turn:
+        """Alias of `last_exchange`."""
+        return self.exchanges[-1]
+
+    @property
+    def judgeable_turns(self) -> tuple[Turn, ...]:
+        """Alias of `judgeable_exchanges`."""
+        return self.judgeable_exchanges
+
+    @property
+    def turn_count(self) -> int:
+        """Alias of `version` (the turn count)."""
+        return self.version
