@@ -23,7 +23,7 @@ from tracejudge._shared.text import clip
 
 from .adapters import ConversationEvent, Feedback, Turn
 from .conversation.identity import content_id
-from .conversation.job import MAX_FIELD_CHARS, JudgeJob
+from .conversation.job import MAX_FIELD_CHARS, JudgeJob, version_of
 from .exchanges import exchanges
 
 logger = logging.getLogger("tracejudge.consumer.conversations")
@@ -50,9 +50,7 @@ class Conversation:
 
     def turn_count(self, said: Sequence[Turn] | None = None) -> int:
         """Real exchanges (nested and duplicate spans are not turns); turn indices cover turns before a restart."""
-        said = exchanges(self.spans.values()) if said is None else said
-        indices = [t.index for t in said if t.index is not None]
-        return max(len(said), max(indices) + 1) if indices else len(said)
+        return version_of(exchanges(self.spans.values()) if said is None else said)
 
     def snapshot(self, completed_by: str) -> JudgeJob:
         said = tuple(exchanges(self.spans.values()))  # nesting decided by content: see exchanges.py

@@ -3,11 +3,19 @@ above the conversation)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..adapters import Turn
 
 MAX_FIELD_CHARS = 16_000  # one message, at most: the judge's window is smaller still
+
+
+def version_of(exchanges: Sequence[Turn]) -> int:
+    """A transcript's version, its turn count: its exchanges, or more where a turn index says earlier turns came
+    first (a continuation after a restart whose start was forgotten)."""
+    indices = [t.index for t in exchanges if t.index is not None]
+    return max(len(exchanges), max(indices) + 1) if indices else len(exchanges)
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,7 +27,7 @@ from tracejudge._shared.text import clip
 from ..adapters import ConversationEvent, Feedback, Turn
 from ..exchanges import exchanges
 from .identity import content_id
-from .job import MAX_FIELD_CHARS, JudgeJob
+from .job import MAX_FIELD_CHARS, JudgeJob, version_of
 
 logger = logging.getLogger("tracejudge.consumer.conversation")
 
@@ -460,14 +460,12 @@ class ConversationTable:
         if identity in state.dispatched and not force:
             self.counts["unchanged_completions"] += 1  # the same transcript again: one judgement per content
             return
-        indices = [t.index for t in said if t.index is not None]
-        version = max(len(said), max(indices) + 1) if indices else len(said)
         job = JudgeJob(
             key=f"{state.id}#{identity}",
             conversation_id=state.id,
             agent=state.agent or "unknown",
             partition=-1,
-            version=version,
+            version=version_of(said),
             exchanges=said,
             has_error=any(t.is_error for t in said),
             negative_feedback=force or state.negative_feedback,

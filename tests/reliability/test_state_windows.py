@@ -20,7 +20,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import pytest
 from kafka import KafkaProducer
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.resources import Resource
@@ -222,12 +221,6 @@ class TraceKeyed(SpanExporter):
         self.producer.close()
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="timing-sensitive on a loaded 2-core machine: its stalls were Tansu's coordinator wedging on a LeaveGroup "
-    "(fixed: no LeaveGroup on close) and the clock's high-watermark check (fixed today); kept non-strict until it "
-    "has passed a run of clean-clone CI",
-)
 def test_trace_keyed_spans_with_three_replicas_and_a_restart(
     broker: EmbeddedBroker, judge_server: JudgeServer, tmp_path: Path
 ) -> None:
