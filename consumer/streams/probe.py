@@ -3,10 +3,15 @@ batch from each at the caller's positions (Tansu answers ListOffsets wrongly, an
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from kafka import KafkaConsumer, TopicPartition
+
+from tracejudge._shared.rate_limited_log import RateLimitedLog
+
+logger = logging.getLogger("tracejudge.consumer.streams")
 
 
 class HighwaterProbe:
@@ -15,12 +20,28 @@ class HighwaterProbe:
         self._bootstrap = bootstrap_servers
         self._config = {k: v for k, v in config.items() if k not in ("group_id", "group_instance_id")}
         self._consumer: KafkaConsumer | None = None
+        self._log = RateLimitedLog(logger, interval_s=60.0)
 
     def highwaters(
         self, positions: Mapping[TopicPartition, int], *, timeout_ms: int = 200
     ) -> dict[TopicPartition, int]:
+        """Never raises: a lag gauge is not worth a worker. The brokers unreachable (an outage: creating the probe's
+        consumer cannot bootstrap) answers nothing, said once a minute, and the next call tries again."""
         if not positions:
             return {}
+        try:
+            return self._highwaters(positions, timeout_ms)
+        except Exception as exc:
+            self._log.warning("judge-queue lag not measured: %r (the brokers unreachable? measured again later)", exc)
+            if self._consumer is not None:
+                try:
+                    self._consumer.close(autocommit=False)
+                except Exception:
+                    pass
+                self._consumer = None
+            return {}
+
+    def _highwaters(self, positions: Mapping[TopicPartition, int], timeout_ms: int) -> dict[TopicPartition, int]:
         if self._consumer is None:
             self._consumer = self._factory(
                 bootstrap_servers=self._bootstrap,

@@ -121,3 +121,25 @@ def test_no_answer_for_a_dropped_high_watermark_brings_the_last_one_back(monkeyp
     clock["now"] = now + module.ANSWER_WAIT_MS
     _check(assembler)
     assert assembler._clock(task, clock["now"]) == now - module.FETCH_WAIT_MS
+
+
+def test_the_lag_probe_never_raises_into_the_judge_worker() -> None:
+    """CI found it: judges busy (partitions paused) during a broker outage, the probe's consumer could not bootstrap
+    and its KafkaTimeoutError stopped the judge worker, and with it the consumer. Now it answers nothing, and the next
+    call tries again."""
+    from kafka import TopicPartition
+    from kafka.errors import KafkaTimeoutError
+
+    from tracejudge.consumer.streams.probe import HighwaterProbe
+
+    attempts: list[int] = []
+
+    def unreachable(**_: object) -> object:
+        attempts.append(1)
+        raise KafkaTimeoutError("Unable to bootstrap from 127.0.0.1:1")
+
+    probe = HighwaterProbe(unreachable, "127.0.0.1:1", {})  # type: ignore[arg-type]
+    tp = TopicPartition("q", 0)
+    assert probe.highwaters({tp: 5}) == {}
+    assert probe.highwaters({tp: 5}) == {}
+    assert len(attempts) == 2
