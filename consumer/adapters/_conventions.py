@@ -15,9 +15,11 @@ from tracejudge.tracer.semconv import GEN_AI_OPERATION_NAME
 
 from ..decode import DecodedSpan
 from . import langfuse, mlflow, vercel_ai
+from ._kinds import STEP_OPERATIONS
 
 _GENAI_CALLS = frozenset({"chat", "text_completion", "generate_content", "invoke_agent"})
 _GENAI_MARKERS = ("gen_ai.system", "gen_ai.provider.name", "gen_ai.request.model")
+_AGENTO11Y_MARKERS = ("agento11y.sdk.name", "agento11y.generation.id")
 _OPENINFERENCE_CALLS = frozenset({"LLM", "AGENT"})
 _OPENLLMETRY_CALLS = frozenset({"chat", "completion"})
 
@@ -58,6 +60,11 @@ OPENINFERENCE = Convention(
     "OPENINFERENCE_HIDE_INPUTS, OPENINFERENCE_HIDE_OUTPUTS, OPENINFERENCE_HIDE_INPUT_MESSAGES and "
     "OPENINFERENCE_HIDE_OUTPUT_MESSAGES unset or false (TraceConfig(hide_inputs=False, ...))",
 )
+AGENTO11Y = Convention(
+    "agento11y",
+    "AGENTO11Y_USE_EXPERIMENTAL_OTEL=true (ClientConfig(use_experimental_otel=True)): by default the SDK sends "
+    "the messages to its own ingest endpoint and writes none on spans",
+)
 OPENLLMETRY = Convention("openllmetry", "TRACELOOP_TRACE_CONTENT=true (Traceloop.init(trace_content=True))")
 GENAI = Convention(
     "genai",
@@ -91,8 +98,10 @@ def model_call(span: DecodedSpan) -> Convention | None:
         return OPENINFERENCE
     if _text(attributes, "llm.request.type") in _OPENLLMETRY_CALLS:
         return OPENLLMETRY
-    if operation in _GENAI_CALLS or (operation is None and any(k in attributes for k in _GENAI_MARKERS)):
-        return GENAI
+    # Any other operation name (a vendor's own, e.g. agento11y's `generateText`/`streamText`) on a span that names
+    # its model or provider is a model call too, unless the name says it is a step (a tool run, an embedding).
+    if operation in _GENAI_CALLS or (operation not in STEP_OPERATIONS and any(k in attributes for k in _GENAI_MARKERS)):
+        return AGENTO11Y if any(k in attributes for k in _AGENTO11Y_MARKERS) else GENAI
     return None
 
 

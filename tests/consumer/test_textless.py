@@ -23,6 +23,8 @@ TO_SET = {
     "langfuse_no_io": ("langfuse", "LANGFUSE_OBSERVE_DECORATOR_IO_CAPTURE_ENABLED=true"),
     "vercel_ai_no_content": ("vercel_ai", "recordInputs: true, recordOutputs: true"),
     "adk_no_content": ("google_adk", "ADK_CAPTURE_MESSAGE_CONTENT_IN_SPANS=true"),
+    "agento11y_default": ("agento11y", "AGENTO11Y_USE_EXPERIMENTAL_OTEL=true"),
+    "agento11y_default_booking_stream": ("agento11y", "AGENTO11Y_USE_EXPERIMENTAL_OTEL=true"),
 }
 TEXTLESS = [s for s in SETUPS if expected(s).get("content_on_spans") is False]
 
