@@ -96,10 +96,24 @@ def _containers(turns: list[Turn]) -> dict[str, str | None]:
 
 
 def _side(outer: str | None, outer_body: bool, inner: str | None, inner_body: bool) -> tuple[str | None, bool]:
-    """The outer span's text first, unless only it was parsed out of a raw body and the inner one is structured."""
-    if outer is None or (outer_body and inner is not None and not inner_body):
+    """The outer span's text first, unless only it was parsed out of a raw body and the inner one is structured; but
+    an inner text that wraps the outer one (a prompt template or an output format around the user's words or the
+    answer: DSPy's `[[ ## question ## ]]`) yields to the words it wraps."""
+    if outer is None or (outer_body and inner is not None and not inner_body and not _wraps(inner, outer)):
         return (inner, inner_body) if inner is not None else (outer, outer_body)
     return outer, outer_body
+
+
+def _wraps(text: str, words: str) -> bool:
+    """`text` puts something before `words` (a template's header), so `words` is not a clipped copy of it."""
+    return bool(words.strip()) and words in text and not text.startswith(words)
+
+
+def _steps_of(node: Turn, spoken: list[Turn]) -> bool:
+    """Whether exchanges below a span are the steps of its one exchange (an agent loop's calls: each asks the span's
+    own question, whatever template wraps it), not several exchanges of their own (a conversation in one trace)."""
+    question = node.input
+    return question is not None and all(t.input is None or question in t.input for t in spoken)
 
 
 def _merge(outer: Turn, inner: Turn) -> Turn:
@@ -180,12 +194,18 @@ def exchanges(spans: Iterable[Turn]) -> list[Turn]:
         stack.extend(children.get(node.span_id, ()))
     for node in reversed(order):
         below = _merge_steps([t for child in children.get(node.span_id, ()) for t in resolved.pop(child.span_id)])
-        if not below or not (_has_content(node) or any(_has_content(t) for t in below)):
+        spoken = [t for t in below if _has_content(t)]
+        if not below or not (_has_content(node) or spoken):
             # Nothing below it (or nothing with text: an agent run of several calls with content capture off, ADK's
             # invoke_agent around a tool call and the answer) is one exchange: the span itself.
             resolved[node.span_id] = [node]
-        elif not _has_content(node) or len(below) > 1:
+        elif not _has_content(node):
             resolved[node.span_id] = below
+        elif len(spoken) <= 1 or _steps_of(node, spoken):
+            # Calls below a span with text, of which at most one has text (Semantic Kernel: its chat spans carry none,
+            # the agent span has the question and answer), or all of which ask its question (an agent loop's steps,
+            # DSPy's ReAct), are the steps of its one exchange: the span's text, a missing side from the last step.
+            resolved[node.span_id] = [_merge(node, spoken[-1])] if spoken else [node]
         else:
-            resolved[node.span_id] = [_merge(node, below[0])]
+            resolved[node.span_id] = below
     return _merge_steps([t for root in children.get(None, ()) for t in resolved.pop(root.span_id)])

@@ -19,6 +19,9 @@ from ._text import ASSISTANT_ROLES, NOT_JSON, USER_ROLES, exchange_input, load_j
 _MAX_DEPTH = 6
 _USER_KEYS = ("task", "user_msg", "input", "query", "question", "message", "user_input", "prompt", "messages", "text")
 _ANSWER_KEYS = ("final_output", "output", "response", "answer", "result", "reply", "content", "text", "messages")
+# Where a framework nests a call's arguments: OpenLLMetry's LangChain chains ({"inputs": {...}, "tags": ...}),
+# OpenInference's DSPy modules ({"input_args": {"question": ..., "history": ...}}).
+_INPUT_WRAPPERS = ("inputs", "input_args")
 _ID_ARGUMENTS = ("session", "conversation", "thread", "user_id", "chat_id", "run_id", "trace", "config")
 # smolagents writes a task as "New task:\n<task>" in its memory (TaskStep.to_messages); CrewAI as
 # "Current Task: <task>\n\nThis is the expected criteria for your final answer: ..." (its task prompt template).
@@ -115,8 +118,9 @@ def user_text(value: Any, depth: int = 0) -> str | None:
             text = user_text(data[key], depth + 1)
             if text:
                 return text
-    if isinstance(data.get("inputs"), dict):  # OpenLLMetry's LangChain chains: {"inputs": {...}, "tags": ...}
-        return user_text(data["inputs"], depth + 1)
+    for wrapper in _INPUT_WRAPPERS:
+        if isinstance(data.get(wrapper), dict):
+            return user_text(data[wrapper], depth + 1)
     return None
 
 

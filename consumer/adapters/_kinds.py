@@ -112,7 +112,7 @@ def framework_agent(span: DecodedSpan) -> str | None:
     attributes = span.attributes
     name = span.name
     if _attribute(span, OPENINFERENCE_KIND) == "CHAIN":
-        return _llama_index_agent(span)
+        return _llama_index_agent(span) or _langchain_agent(span)
     kind = span_kind(span)
     if kind is Kind.AGENT and name.endswith(".run") and any(k.startswith("smolagents.") for k in attributes):
         return name[: -len(".run")] or None
@@ -126,15 +126,16 @@ def framework_agent(span: DecodedSpan) -> str | None:
 
 def _langchain_agent(span: DecodedSpan) -> str | None:
     """LangChain's agent name in the run metadata (`create_agent(name=...)` writes `lc_agent_name` on every run of the
-    agent), else OpenInference's LangChain instrumentation's graph run: an AGENT span named after the graph
-    (`create_react_agent(name=...)`, `StateGraph.compile(name=...)`) whose metadata has no `langgraph_node`."""
+    agent), else OpenInference's LangChain instrumentation's graph run: the span named after the graph
+    (`create_react_agent(name=...)`, `StateGraph.compile(name=...)`) whose metadata has no `langgraph_node`. It is an
+    AGENT span only when the name contains "agent" (the instrumentation's own test), else a CHAIN: both count."""
     metadata = span.attributes.get("metadata")
     if not isinstance(metadata, str) or len(metadata) > _MAX_METADATA:
         return None
     found = _LC_AGENT_NAME.search(metadata)
     if found:
         return found.group(1)
-    if span_kind(span) is not Kind.AGENT or '"langgraph"' not in metadata or "langgraph_node" in metadata:
+    if span_kind(span) not in _GRAPH_KINDS or '"langgraph"' not in metadata or "langgraph_node" in metadata:
         return None
     return span.name if span.name not in _DEFAULT_GRAPH_NAMES else None
 
@@ -143,4 +144,5 @@ _MAX_METADATA = 65_536
 _LC_AGENT_NAME = re.compile(r'"lc_agent_name":\s*"([^"\\]{1,128})"')
 
 
+_GRAPH_KINDS = frozenset({Kind.AGENT, Kind.CHAIN})
 _DEFAULT_GRAPH_NAMES = frozenset({"LangGraph", "RunnableSequence", "agent"})

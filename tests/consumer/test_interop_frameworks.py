@@ -242,3 +242,32 @@ def test_a_framework_helper_marked_llm_is_not_a_call() -> None:
     capture_off = _span(**{"session.id": "c", "openinference.span.kind": "LLM", "llm.model_name": "gpt-4o-mini"})
     event = extract(capture_off)
     assert event is not None and event.turn is not None and not event.turn.judgeable  # still counted
+
+
+def test_a_graph_named_without_agent_is_still_the_agent() -> None:
+    """OpenInference marks a LangChain run AGENT only when its name contains "agent": a graph named `refund_desk` is a
+    CHAIN span, and its name is the agent's all the same; its nodes (`langgraph_node`) and the default names are not."""
+    desk = _span("refund_desk", **{"openinference.span.kind": "CHAIN", "metadata": '{"ls_integration": "langgraph"}'})
+    tools_node = _span(
+        "tools",
+        **{"openinference.span.kind": "CHAIN", "metadata": '{"ls_integration": "langgraph", "langgraph_node": "x"}'},
+    )
+    default = _span("LangGraph", **{"openinference.span.kind": "CHAIN", "metadata": '{"ls_integration": "langgraph"}'})
+    plain_chain = _span("RunnableSequence", **{"openinference.span.kind": "CHAIN", "metadata": "{}"})
+    assert [framework_agent(s) for s in (desk, tools_node, default, plain_chain)] == ["refund_desk", None, None, None]
+
+
+def test_a_vendor_operation_with_a_model_is_a_model_call() -> None:
+    """A GenAI span naming its model or provider is a model call whatever its operation is called (agento11y's
+    `generateText`/`streamText`), so a content-less one is a turn (failed empty, heard); steps stay steps."""
+    from tracejudge.consumer.adapters import _conventions
+
+    generation = _span("generateText gpt-4o-mini", **{"gen_ai.operation.name": "generateText",
+                       "gen_ai.request.model": "gpt-4o-mini", "gen_ai.conversation.id": "c",
+                       "agento11y.sdk.name": "sdk-python"})  # fmt: skip
+    tool = _span("execute_tool x", **{"gen_ai.operation.name": "execute_tool", "gen_ai.provider.name": "openai"})
+    plain = _span("GET /", **{"http.method": "GET"})
+    assert _conventions.model_call(generation) is _conventions.AGENTO11Y
+    assert _conventions.model_call(tool) is None and _conventions.model_call(plain) is None
+    event = extract(generation)
+    assert event is not None and event.turn is not None and not event.turn.judgeable

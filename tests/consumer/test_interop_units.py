@@ -278,3 +278,35 @@ def test_a_later_batch_of_a_trace_goes_with_its_conversation_and_says_so(broker:
     spans = decode_record(value)
     event = extract(spans[0], trace_contexts(spans))
     assert event is not None and event.conversation_id == "s-9" and event.turn is not None
+
+
+def test_an_agent_loops_step_calls_are_one_exchange() -> None:
+    """Model calls below an agent span that all ask its question (DSPy ReAct's steps, each wrapping the question in
+    its `[[ ## question ## ]]` template) are steps of one exchange: the agent's question and answer, not theirs."""
+    agent = Turn("r", "t", "", 0, 100, "Refund window?", "30 days.", input_from_body=True, output_from_body=True)
+    steps = [
+        turn("s1", "r", 10, 20, "[[ ## question ## ]]\nRefund window?\n\n[[ ## trajectory ## ]]", "[[ ## next_thought"),
+        turn(
+            "s2",
+            "r",
+            30,
+            40,
+            "[[ ## question ## ]]\nRefund window?\n\n[[ ## trajectory ## ]] obs",
+            "[[ ## answer ## ]]\n30 days.\n",
+        ),
+    ]
+    (one,) = exchanges([agent, *steps])
+    assert (one.input, one.output) == ("Refund window?", "30 days.")
+    # Three questions under one root are three exchanges (a conversation in one trace), as before.
+    session = Turn("s", "t", "", 0, 100, "q1", None, input_from_body=True)
+    asked = [turn(f"c{i}", "s", 10 * i + 1, 10 * i + 5, f"q{i}", f"a{i}") for i in (1, 2, 3)]
+    assert [(t.input, t.output) for t in exchanges([session, *asked])] == [("q1", "a1"), ("q2", "a2"), ("q3", "a3")]
+
+
+def test_content_less_calls_below_an_agent_with_text_keep_its_exchange() -> None:
+    """Semantic Kernel's chat spans carry no text (it logs content instead); the agent span around a function call and
+    the final answer has the question and answer: one exchange with them, not two empty ones."""
+    agent = turn("a", "", 0, 100, "Refund window?", "30 days.")
+    calls = [turn("c1", "a", 10, 20, None, None), turn("c2", "a", 30, 40, None, None)]
+    (one,) = exchanges([agent, *calls])
+    assert (one.input, one.output) == ("Refund window?", "30 days.")
