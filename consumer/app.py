@@ -317,10 +317,13 @@ def build_app(
     logger_provider: Any = None,
     extra_sinks: list[JudgementSink] | None = None,
     redactor: Redactor | None = None,
+    metrics_server: Any = None,
 ) -> App:
+    """`metrics_server`: the /metrics server the caller already bound on `registry` (`consume` binds it before the
+    judge check, so a port in use is found first); the App owns it from here, and closes it if building fails."""
     registry = registry if registry is not None else CollectorRegistry()
-    http_server = None
-    if serve_metrics:  # first: a port in use is one line before anything connects
+    http_server = metrics_server
+    if http_server is None and serve_metrics:  # first: a port in use is one line before anything connects
         http_server = serve_metrics_endpoint(settings, registry)
     try:
         prometheus = ConsumerInstruments(

@@ -38,10 +38,14 @@ from .streams.assembler import Assembler
 from .streams.batch_store import KafkaBatchStore, batches_topic, ensure_batches_topic
 from .streams.instruments import StreamsInstruments
 from .streams.judge_worker import JudgeWorker
+from .streams.membership import PartitionlessMember
 from .streams.topics import InternalTopics, ensure_internal_topics, partitions_of
 
 logger = logging.getLogger("tracejudge.consumer")
 LAG_INTERVAL_S = 0.5
+# A member joined without a partition of its topic for this long (in one generation) is told so: longer than the
+# second round of a cooperative rebalance, in which partitions another member gave up reach a newcomer.
+PARTITIONLESS_NOTICE_S = 10.0
 
 EXIT_UNAVAILABLE = 69  # sysexits' EX_UNAVAILABLE: a service the command needs (Kafka) did not answer
 
@@ -133,6 +137,8 @@ class ConsumerService:
         self.ready = threading.Event()  # the clients are built and subscribed (tests wait for it)
         self.assigned = threading.Event()  # partitions assigned and their state restored
         self.failure: BaseException | None = None
+        self._partitionless: PartitionlessMember | None = None
+        self.partitions = 0  # the span topic's (and the internal topics') partition count, once connected
 
     def request_stop(self) -> None:
         """Thread- and signal-safe."""
@@ -194,11 +200,13 @@ class ConsumerService:
         with reaching_kafka(settings.bootstrap_servers, settings.consumer_config()):
             self._open(settings)
         self._connected = True
+        topic = self.settings.topic if self.assembler is not None else self.topics.judge_queue
+        self._partitionless = PartitionlessMember(topic, PARTITIONLESS_NOTICE_S)
         if self.assembler is not None:
             self._announce_join(self.assembler.group)
 
     def _open(self, settings: Settings) -> None:
-        partitions = self._partitions()
+        partitions = self.partitions = self._partitions()
         self._ensure_topics(partitions)
         if settings.role in ("all", "judge"):
             self._open_batch_store()
@@ -333,7 +341,36 @@ class ConsumerService:
             logger.debug("could not read the group's committed offsets: %r", exc)
             return None
 
+    def _note_partitionless(self) -> None:
+        """Say once (per stretch without partitions) that this replica joined its group but got no partition: with
+        as many members as partitions, a replica more stands by, and only more partitions spread the work."""
+        if self._partitionless is None:
+            return
+        if self.assembler is not None:
+            consumer, group, topic = self.assembler.group, self.settings.group_id, self.settings.topic
+        elif self.judge_worker is not None:
+            consumer, group, topic = self.judge_worker.consumer, self.judge_worker.group_id, self.topics.judge_queue
+        else:
+            return
+        if consumer is None or not self._partitionless.check(consumer, time.monotonic()):
+            return
+        count = self.partitions
+        logger.warning(
+            "no partition for this replica: topic %r has %d partition%s and the other members of group %r own %s, so "
+            "this replica stands by (it takes over when one leaves); nothing is read or judged here meanwhile. "
+            "Replicas beyond the partition count add no throughput: to spread the work over more replicas, give the "
+            "span topic more partitions and start them under a new --group-id (this group's internal topics keep %d; "
+            "docs/state.md#scaling-each-stage)",
+            topic,
+            count,
+            "" if count == 1 else "s",
+            group,
+            "it" if count == 1 else "them",
+            count,
+        )
+
     def _note_assigned(self) -> None:
+        self._note_partitionless()
         if self.assigned.is_set():
             return
         assembled = self.assembler is None or self.assembler.assigned.is_set()

@@ -23,11 +23,24 @@ _CLIENT_DEFAULTS: dict[str, Any] = {
 }
 
 
+# The sections of `--help` and of docs/configuration.md's table, in their order. Every field names one (`group=`);
+# tests/consumer/test_cli_help.py fails naming a field that does not, and --help shows such a field under UNGROUPED.
+KAFKA = "Kafka"
+JUDGE = "Judge"
+SAMPLING = "Sampling and budget"
+STATE = "State"
+OUTPUTS = "Outputs"
+WATCH = "Canary and shadow judge"
+GROUPS = (KAFKA, JUDGE, SAMPLING, STATE, OUTPUTS, WATCH)
+UNGROUPED = "Other (no group declared yet)"
+
+
 def _env(
     name: str,
     default: Any,
     description: str,
     *,
+    group: str | None = None,
     flag: str | None = None,
     metavar: str | None = None,
     repeatable: bool = False,
@@ -36,10 +49,10 @@ def _env(
     """A field read from environment variable `name`, and its command-line flag (`flag`, default `--field-name`).
 
     Everything about an option is said here once: `tracejudge.consumer.cli.options` makes the flag, its --help
-    (`description`, `name`, `default`) and docs/configuration.md's table (`see`: a docs link) from it. `metavar`
-    names the value in --help (a Literal's choices are shown without one); `repeatable` flags are given once per
-    value. Field order is --help's order."""
-    extra = {"flag": flag, "metavar": metavar, "repeatable": repeatable, "see": see}
+    (`description`, `name`, `default`, under the section `group`, one of GROUPS) and docs/configuration.md's table
+    (`see`: a docs link) from it. `metavar` names the value in --help (a Literal's choices are shown without one);
+    `repeatable` flags are given once per value. Field order is the order within a section."""
+    extra = {"group": group, "flag": flag, "metavar": metavar, "repeatable": repeatable, "see": see}
     return Field(
         default,
         validation_alias=name,
@@ -100,20 +113,23 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(populate_by_name=True, extra="forbid", case_sensitive=False)
 
     bootstrap_servers: str = _env(
-        "TRACEJUDGE_KAFKA_BOOTSTRAP_SERVERS", "localhost:9092", "Kafka brokers, host:port[,host:port]"
+        "TRACEJUDGE_KAFKA_BOOTSTRAP_SERVERS", "localhost:9092", "Kafka brokers, host:port[,host:port]", group=KAFKA
     )
-    topic: str = _env("TRACEJUDGE_TOPIC", "otlp_spans", "the span topic")
-    group_id: str = _env("TRACEJUDGE_GROUP_ID", "tracejudge", "the Kafka consumer group")
+    topic: str = _env("TRACEJUDGE_TOPIC", "otlp_spans", "the span topic", group=KAFKA)
+    group_id: str = _env("TRACEJUDGE_GROUP_ID", "tracejudge", "the Kafka consumer group", group=KAFKA)
     start_from: Literal["latest", "earliest"] = _env(
-        "TRACEJUDGE_START_FROM", "latest", "where a group without committed offsets starts"
+        "TRACEJUDGE_START_FROM", "latest", "where a group without committed offsets starts", group=KAFKA
     )
-    judge_model: str = _env("TRACEJUDGE_JUDGE_MODEL", "gpt-4o-mini", "the judge: a LiteLLM model string")
+    judge_model: str = _env("TRACEJUDGE_JUDGE_MODEL", "gpt-4o-mini", "the judge: a LiteLLM model string", group=JUDGE)
     metrics: Annotated[list[str], NoDecode] = _env(
         "TRACEJUDGE_METRICS",
         ["failure_rate", "conversational_flow"],
-        "judges to run, comma-separated: failure_rate,conversational_flow",
+        "which judges run, comma-separated: failure_rate,conversational_flow (not Prometheus: its endpoint is "
+        "--metrics-host / --metrics-port)",
+        metavar="JUDGE[,JUDGE]",
+        group=JUDGE,
     )
-    sample_rate: float = _env("TRACEJUDGE_SAMPLE_RATE", 1.0, "share of conversations judged, 0..1")
+    sample_rate: float = _env("TRACEJUDGE_SAMPLE_RATE", 1.0, "share of conversations judged, 0..1", group=SAMPLING)
     agent_sample_rates: Annotated[dict[str, float], NoDecode] = _env(
         "TRACEJUDGE_AGENT_SAMPLE_RATES",
         {},
@@ -121,36 +137,49 @@ class Settings(BaseSettings):
         flag="--agent-sample-rate",
         metavar="NAME=RATE",
         repeatable=True,
+        group=SAMPLING,
     )
     session_idle_timeout: float = _env(
         "TRACEJUDGE_SESSION_IDLE_TIMEOUT",
         300.0,
         "a conversation silent this long is complete and judged",
         metavar="SECONDS",
+        group=STATE,
     )
-    max_concurrency: int = _env("TRACEJUDGE_MAX_CONCURRENCY", 16, "judge calls in flight at most")
+    max_concurrency: int = _env("TRACEJUDGE_MAX_CONCURRENCY", 16, "judge calls in flight at most", group=SAMPLING)
     max_requests_per_minute: float | None = _env(
-        "TRACEJUDGE_MAX_REQUESTS_PER_MINUTE", None, "judge calls per minute at most (none: unlimited)"
+        "TRACEJUDGE_MAX_REQUESTS_PER_MINUTE", None, "judge calls per minute at most (none: unlimited)", group=SAMPLING
     )
     max_cost_per_hour: float | None = _env(
-        "TRACEJUDGE_MAX_COST_PER_HOUR", None, "judge spend per hour at most (none: unlimited)", metavar="USD"
+        "TRACEJUDGE_MAX_COST_PER_HOUR",
+        None,
+        "judge spend per hour at most (none: unlimited)",
+        metavar="USD",
+        group=SAMPLING,
     )
-    metrics_host: str = _env("TRACEJUDGE_METRICS_HOST", "0.0.0.0", "address of the Prometheus /metrics endpoint")
-    metrics_port: int = _env("TRACEJUDGE_METRICS_PORT", 9464, "port of the Prometheus /metrics endpoint")
+    metrics_host: str = _env(
+        "TRACEJUDGE_METRICS_HOST", "0.0.0.0", "address of the Prometheus /metrics endpoint", group=OUTPUTS
+    )
+    metrics_port: int = _env(
+        "TRACEJUDGE_METRICS_PORT",
+        9464,
+        "port of the Prometheus /metrics endpoint (which judges run is --metrics)",
+        group=OUTPUTS,
+    )
     max_agents: int = _env(
-        "TRACEJUDGE_MAX_AGENTS", 200, "distinct agent label values; later agents are reported as _other"
+        "TRACEJUDGE_MAX_AGENTS", 200, "distinct agent label values; later agents are reported as _other", group=OUTPUTS
     )
     otlp_endpoint: str | None = _env(
-        "OTEL_EXPORTER_OTLP_ENDPOINT", None, "OTLP base URL for evaluation spans and events (none: off)"
+        "OTEL_EXPORTER_OTLP_ENDPOINT", None, "OTLP base URL for evaluation spans and events (none: off)", group=OUTPUTS
     )
     otlp_protocol: Literal["http/protobuf", "grpc"] = _env(
-        "OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf", "OTLP protocol"
+        "OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf", "OTLP protocol", group=OUTPUTS
     )
     results_topic: str | None = _env(
-        "TRACEJUDGE_RESULTS_TOPIC", None, "Kafka topic for one JSON result per judgement (none: off)"
+        "TRACEJUDGE_RESULTS_TOPIC", None, "Kafka topic for one JSON result per judgement (none: off)", group=OUTPUTS
     )
     dead_letter_topic: str | None = _env(
-        "TRACEJUDGE_DEAD_LETTER_TOPIC", None, "Kafka topic for records that cannot be read (none: off)"
+        "TRACEJUDGE_DEAD_LETTER_TOPIC", None, "Kafka topic for records that cannot be read (none: off)", group=OUTPUTS
     )
     kafka_config: Annotated[dict[str, Any], NoDecode] = _env(
         "TRACEJUDGE_KAFKA_CONFIG",
@@ -158,104 +187,132 @@ class Settings(BaseSettings):
         "a Kafka client option, e.g. security_protocol=SASL_SSL (repeatable)",
         metavar="KEY=VALUE",
         repeatable=True,
+        group=KAFKA,
     )
     window_sessions: int = _env(
-        "TRACEJUDGE_WINDOW_SESSIONS", 100, "rates cover each agent's last N judged conversations"
+        "TRACEJUDGE_WINDOW_SESSIONS", 100, "rates cover each agent's last N judged conversations", group=OUTPUTS
     )
     window_seconds: float = _env(
-        "TRACEJUDGE_WINDOW_SECONDS", 900.0, "rates cover conversations judged within this many seconds"
+        "TRACEJUDGE_WINDOW_SECONDS", 900.0, "rates cover conversations judged within this many seconds", group=OUTPUTS
     )
     redact: bool = _env(
-        "TRACEJUDGE_REDACT", True, "replace e-mails, phone numbers, cards, IBANs and keys before the judge sees them"
+        "TRACEJUDGE_REDACT",
+        True,
+        "replace e-mails, phone numbers, cards, IBANs and keys before the judge sees them",
+        group=JUDGE,
     )
     shutdown_grace: float = _env(
-        "TRACEJUDGE_SHUTDOWN_GRACE", 30.0, "seconds in-flight judgements get to finish on SIGTERM", metavar="SECONDS"
+        "TRACEJUDGE_SHUTDOWN_GRACE",
+        30.0,
+        "seconds in-flight judgements get to finish on SIGTERM",
+        metavar="SECONDS",
+        group=JUDGE,
     )
-    judge_timeout: float = _env("TRACEJUDGE_JUDGE_TIMEOUT", 60.0, "seconds per judge call attempt", metavar="SECONDS")
+    judge_timeout: float = _env(
+        "TRACEJUDGE_JUDGE_TIMEOUT", 60.0, "seconds per judge call attempt", metavar="SECONDS", group=JUDGE
+    )
     judge_check: bool = _env(
         "TRACEJUDGE_JUDGE_CHECK",
         True,
         "one cheap judge call at startup; a judge that cannot answer exits 3 before any record is read",
+        group=JUDGE,
     )
-    judge_retries: int = _env("TRACEJUDGE_JUDGE_RETRIES", 3, "retries of a failed judge call")
+    judge_retries: int = _env("TRACEJUDGE_JUDGE_RETRIES", 3, "retries of a failed judge call", group=JUDGE)
     judge_tier: Literal["standard", "flex", "batch"] = _env(
         "TRACEJUDGE_JUDGE_TIER",
         "standard",
         "the provider's service tier: standard, flex (half price, slower; standard when refused for capacity) or "
         "batch (half price through the Batch API; verdicts within the provider's window, usually minutes)",
         see="tiers.md",
+        group=JUDGE,
     )
     judge_batch_size: int = _env(
-        "TRACEJUDGE_JUDGE_BATCH_SIZE", 500, "--judge-tier batch: judge requests gathered into one batch at most"
+        "TRACEJUDGE_JUDGE_BATCH_SIZE",
+        500,
+        "--judge-tier batch: judge requests gathered into one batch at most",
+        group=JUDGE,
     )
     judge_batch_wait: float = _env(
         "TRACEJUDGE_JUDGE_BATCH_WAIT",
         60.0,
         "--judge-tier batch: seconds the first request of a batch waits for others before the batch is submitted",
         metavar="SECONDS",
+        group=JUDGE,
     )
     judge_batch_poll: float = _env(
         "TRACEJUDGE_JUDGE_BATCH_POLL",
         30.0,
         "--judge-tier batch: seconds between polls of a submitted batch",
         metavar="SECONDS",
+        group=JUDGE,
     )
-    threshold: float = _env("TRACEJUDGE_THRESHOLD", 0.7, "a score at or above this passes")
+    threshold: float = _env("TRACEJUDGE_THRESHOLD", 0.7, "a score at or above this passes", group=JUDGE)
     max_open_conversations: int = _env(
         "TRACEJUDGE_MAX_OPEN_CONVERSATIONS",
         100_000,
         "open conversations at most; past it the least recently active complete (counted)",
+        group=STATE,
     )
     max_turns_per_conversation: int = _env(
-        "TRACEJUDGE_MAX_TURNS_PER_CONVERSATION", 1_000, "a conversation is judged (marked truncated) at this many turns"
+        "TRACEJUDGE_MAX_TURNS_PER_CONVERSATION",
+        1_000,
+        "a conversation is judged (marked truncated) at this many turns",
+        group=STATE,
     )
     max_record_bytes: int = _env(
-        "TRACEJUDGE_MAX_RECORD_BYTES", 8 * 1024 * 1024, "larger Kafka records are skipped as malformed"
+        "TRACEJUDGE_MAX_RECORD_BYTES", 8 * 1024 * 1024, "larger Kafka records are skipped as malformed", group=KAFKA
     )
     commit_interval: float = _env(
-        "TRACEJUDGE_COMMIT_INTERVAL", 2.0, "seconds between offset commits", metavar="SECONDS"
+        "TRACEJUDGE_COMMIT_INTERVAL", 2.0, "seconds between offset commits", metavar="SECONDS", group=KAFKA
     )
-    log_format: Literal["text", "json"] = _env("TRACEJUDGE_LOG_FORMAT", "text", "log line format")
-    log_level: str = _env("TRACEJUDGE_LOG_LEVEL", "INFO", "log level")
+    log_format: Literal["text", "json"] = _env("TRACEJUDGE_LOG_FORMAT", "text", "log line format", group=OUTPUTS)
+    log_level: str = _env("TRACEJUDGE_LOG_LEVEL", "INFO", "log level", group=OUTPUTS)
     calibration: str | None = _env(
         "TRACEJUDGE_CALIBRATION",
         None,
         "a `tracejudge calibrate --output` report: correct hallucination rates for judge error",
         metavar="REPORT.json",
         see="calibration.md#hallucination-rates-corrected-for-judge-error",
+        group=OUTPUTS,
     )
     role: Literal["all", "assemble", "judge"] = _env(
         "TRACEJUDGE_ROLE",
         "all",
         "stages this process runs: all, assemble (spans to conversations) or judge (the judge queue)",
         see="state.md#scaling-each-stage",
+        group=STATE,
     )
     group_instance_id: str | None = _env(
         "TRACEJUDGE_GROUP_INSTANCE_ID",
         None,
         "static group membership: a stable id per replica (e.g. the pod name), so a restart moves no partition",
+        group=KAFKA,
     )
     state_retention: float = _env(
         "TRACEJUDGE_STATE_RETENTION",
         86_400.0,
         "seconds a completed conversation is kept for continuations and late feedback (record time)",
         metavar="SECONDS",
+        group=STATE,
     )
     max_state_bytes: int = _env(
         "TRACEJUDGE_MAX_STATE_BYTES",
         512 * 1024 * 1024,
         "conversation state held in memory at most; past it the oldest completed ones are forgotten",
+        group=STATE,
     )
     max_conversation_bytes: int = _env(
         "TRACEJUDGE_MAX_CONVERSATION_BYTES",
         262_144,
         "UTF-8 bytes of text kept per conversation (its newest turns; the judge's window is smaller)",
+        group=STATE,
     )
     end_grace: float = _env(
         "TRACEJUDGE_END_GRACE",
         2.0,
         "seconds an end marker waits for turns routed from other partitions (spans not keyed by conversation id)",
         metavar="SECONDS",
+        group=STATE,
     )
     canary_interval: float | None = _env(
         "TRACEJUDGE_CANARY_INTERVAL",
@@ -263,6 +320,7 @@ class Settings(BaseSettings):
         "judge the canary set through the live judges this often, e.g. 1h, 30m, 5s (none: off)",
         metavar="DURATION",
         see="switching-judges.md#the-canary",
+        group=WATCH,
     )
     canary_dataset: str | None = _env(
         "TRACEJUDGE_CANARY_DATASET",
@@ -270,28 +328,38 @@ class Settings(BaseSettings):
         "the canary's labelled conversations in the calibrate format (none: a balanced 24-conversation subset of "
         "the built-in gold set)",
         metavar="PATH.jsonl",
+        group=WATCH,
     )
     canary_accuracy_floor: float | None = _env(
         "TRACEJUDGE_CANARY_ACCURACY_FLOOR",
         None,
         "canary accuracy expected of every metric (none: the --calibration report's accuracy)",
+        group=WATCH,
     )
     canary_margin: float = _env(
-        "TRACEJUDGE_CANARY_MARGIN", 0.1, "TracejudgeCanaryRegressed fires this far below the accuracy floor"
+        "TRACEJUDGE_CANARY_MARGIN",
+        0.1,
+        "TracejudgeCanaryRegressed fires this far below the accuracy floor",
+        group=WATCH,
     )
     shadow_judge_model: str | None = _env(
         "TRACEJUDGE_SHADOW_JUDGE_MODEL",
         None,
         "a second judge model run on a sample of the judged conversations, reported apart (none: off)",
         see="switching-judges.md#the-shadow-judge",
+        group=WATCH,
     )
     shadow_sample_rate: float = _env(
-        "TRACEJUDGE_SHADOW_SAMPLE_RATE", 0.1, "share of the judged conversations the shadow judge also judges, 0..1"
+        "TRACEJUDGE_SHADOW_SAMPLE_RATE",
+        0.1,
+        "share of the judged conversations the shadow judge also judges, 0..1",
+        group=WATCH,
     )
     shadow_budget_share: float = _env(
         "TRACEJUDGE_SHADOW_BUDGET_SHARE",
         0.2,
         "share of --max-cost-per-hour reserved for the shadow judge (the primary gets the rest), 0..1",
+        group=WATCH,
     )
 
     @field_validator("metrics", mode="before")

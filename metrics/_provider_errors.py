@@ -9,6 +9,7 @@ import asyncio
 import email.utils
 import math
 import re
+import socket
 import time
 from datetime import UTC
 from typing import Any
@@ -70,6 +71,29 @@ _MISSING_CREDENTIALS = re.compile(
 )
 
 
+def _causes(exc: BaseException) -> list[BaseException]:
+    """The exception and what it was raised from or during, outermost first (LiteLLM wraps the OpenAI SDK's error,
+    which wraps httpx's, which wraps the socket's)."""
+    chain: list[BaseException] = []
+    link: BaseException | None = exc
+    while link is not None and all(link is not seen for seen in chain) and len(chain) < 16:
+        chain.append(link)
+        link = link.__cause__ or link.__context__
+    return chain
+
+
+def _no_connection(exc: BaseException) -> bool:
+    """Nothing answered: refused, unknown host, unreachable. LiteLLM reports it as InternalServerError "Connection
+    error." (a 500 no server sent), so the chain under it is read."""
+    for link in _causes(exc):
+        name = type(link).__name__
+        if "Timeout" in name:
+            return False
+        if name in ("APIConnectionError", "ConnectError") or isinstance(link, ConnectionError | socket.gaierror):
+            return True
+    return False
+
+
 def classify_litellm_error(exc: BaseException) -> JudgeCallError:
     """Sort a LiteLLM/OpenAI exception into a retryable or final reason."""
     status = getattr(exc, "status_code", None)
@@ -81,7 +105,7 @@ def classify_litellm_error(exc: BaseException) -> JudgeCallError:
         return JudgeCallError(ERROR_AUTH, message, retryable=False)
     if status == 429 or "RateLimit" in name:
         return JudgeCallError(ERROR_RATE_LIMITED, message, retryable=True, retry_after=_retry_after_seconds(exc))
-    if "Connection" in name:
+    if "Connection" in name or _no_connection(exc):
         return JudgeCallError(ERROR_CONNECTION, message, retryable=True)
     if (isinstance(status, int) and status >= 500) or name in {"InternalServerError", "ServiceUnavailableError"}:
         return JudgeCallError(ERROR_SERVER, message, retryable=True)

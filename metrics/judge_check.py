@@ -5,12 +5,23 @@ Public, for the consumer's commands (and anyone embedding the judges); LiteLLM i
 
 from __future__ import annotations
 
+import os
+from dataclasses import dataclass
+
 from ._errors import JudgeCallError
 from ._litellm import _import_litellm, litellm_model_string
 from ._provider_errors import classify_litellm_error
 from ._results import ERROR_RATE_LIMITED
 
-__all__ = ["ERROR_RATE_LIMITED", "JUDGE_CHECK_PROMPT", "JudgeCallError", "check_judge_model", "judge_model_problem"]
+__all__ = [
+    "ERROR_RATE_LIMITED",
+    "JUDGE_CHECK_PROMPT",
+    "JudgeCallError",
+    "JudgeEndpoint",
+    "check_judge_model",
+    "judge_endpoint",
+    "judge_model_problem",
+]
 
 PROVIDERS_URL = "https://docs.litellm.ai/docs/providers"
 
@@ -50,3 +61,41 @@ def check_judge_model(model: str, *, timeout: float) -> None:
         )
     except Exception as exc:
         raise classify_litellm_error(exc) from exc
+
+
+@dataclass(frozen=True, slots=True)
+class JudgeEndpoint:
+    """Where LiteLLM sends a model's calls, as the user configured it: `url` (the base URL it resolves, or
+    `"PROVIDER's API"` when LiteLLM keeps it to itself), and `key_variable` (the environment variable its key is read
+    from, `key_missing` when it is not set), for the fix a refusal names."""
+
+    litellm_model: str
+    provider: str
+    url: str
+    key_variable: str
+    key_missing: bool
+
+
+def judge_endpoint(model: str) -> JudgeEndpoint:
+    """The endpoint and key variable of `model`, resolved the way LiteLLM resolves them (`OPENAI_BASE_URL`, then
+    `OPENAI_API_BASE`, then OpenAI's own URL for an OpenAI-compatible server). Imports LiteLLM; makes no call."""
+    litellm = _import_litellm()
+    litellm_model = litellm_model_string(model)
+    provider, api_base = litellm_model.partition("/")[0], None
+    try:
+        _name, provider, _key, api_base = litellm.get_llm_provider(litellm_model)
+    except Exception:  # an unroutable string is refused before (judge_model_problem); say what we can
+        pass
+    missing: list[str] = []
+    try:
+        missing = list(litellm.validate_environment(model=litellm_model).get("missing_keys") or [])
+    except Exception:
+        pass
+    upper = str(provider).upper()
+    key_variable = "OPENAI_API_KEY" if provider == "openai" else (missing[0] if missing else f"{upper}_API_KEY")
+    url = api_base or getattr(litellm, "api_base", None)
+    if not url and provider == "openai":
+        url = os.environ.get("OPENAI_BASE_URL") or os.environ.get("OPENAI_API_BASE") or "https://api.openai.com/v1"
+    if not url:
+        url = os.environ.get(f"{upper}_API_BASE") or os.environ.get(f"{upper}_BASE_URL") or f"{provider}'s API"
+    return JudgeEndpoint(litellm_model, str(provider), str(url), key_variable, bool(missing))

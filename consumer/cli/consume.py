@@ -1,7 +1,8 @@
 """`tracejudge consume`: assemble, sample and judge conversations from a Kafka topic until SIGTERM or SIGINT.
 
-Before any I/O: the settings, the --calibration report, the canary set, the judge tier and the judge itself are
-checked (each a one-line refusal with its exit code); then `app.build_app` wires the service and it runs.
+At start, in the order docs/configuration.md states: the configuration (the settings, the --calibration report, the
+canary set, the judge tier, the metrics port, the judge model strings: exit 2), the judge (one cheap call: exit
+3), then Kafka (exit 69, when `app.build_app` and `App.run` connect); each refusal is one line. Then it runs.
 """
 
 from __future__ import annotations
@@ -54,23 +55,34 @@ def run_consume(namespace: argparse.Namespace) -> int:
         return EXIT_USAGE
     configure_logging(settings.log_level, settings.log_format)
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-    from ..app import tier_problem
-    from .judge_check import refuse_judge, refuse_shadow_judge
+    from prometheus_client import CollectorRegistry
+
+    from ..app import MetricsPortUnavailable, build_app, serve_metrics_endpoint, tier_problem
+    from ..service import StartupError
+    from .judge_check import refuse_judge_config, refuse_unanswering_judge
 
     problem = tier_problem(settings)  # before the judge check: a tier the provider lacks is a usage error
     if problem is not None:
         print(f"tracejudge: {problem}", file=sys.stderr)
         return EXIT_USAGE
-    refused = refuse_judge(settings)  # before any I/O: the judge can answer, and LiteLLM's import is paid now
-    if refused is None:
-        refused = refuse_shadow_judge(settings)
-    if refused is not None:
-        return refused
-    from ..app import build_app
-    from ..service import StartupError
-
+    # The documented order (docs/configuration.md#run-the-consumer): configuration (exit 2: flags, files, the metrics
+    # port, the judge model strings), then the judge (exit 3), then Kafka (exit 69). Nothing connects anywhere before
+    # the configuration is known good; a judge that cannot answer never joins the group. The port comes before the
+    # model strings: their check imports LiteLLM (seconds), so a port in use is said at once.
+    registry = CollectorRegistry()
     try:
-        app = build_app(settings)
+        metrics_server = serve_metrics_endpoint(settings, registry)
+    except MetricsPortUnavailable as exc:
+        print(f"tracejudge: {exc}", file=sys.stderr)
+        return exc.exit_code
+    # LiteLLM's import is paid here, before the consumer is ready.
+    refused = refuse_judge_config(settings) or refuse_unanswering_judge(settings)
+    if refused is not None:
+        metrics_server.shutdown()
+        metrics_server.server_close()
+        return refused
+    try:
+        app = build_app(settings, registry=registry, metrics_server=metrics_server)  # closes it if it fails
 
         def stop(signum: int, _frame: Any) -> None:
             logging.getLogger("tracejudge.consumer").info("signal %d: draining and stopping", signum)

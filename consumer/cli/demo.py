@@ -424,10 +424,14 @@ TRY_NEXT = (
         "Your own agent, end to end (the README's five-minute path)",
         (
             "tracejudge broker     # terminal 1: a local Kafka (the embedded Tansu) on 127.0.0.1:9092",
-            "OPENAI_BASE_URL=http://127.0.0.1:8000/v1 OPENAI_API_KEY=placeholder \\",
-            "  tracejudge consume --bootstrap-servers 127.0.0.1:9092 --judge-model MODEL  # terminal 2, wait for ready",
-            "TRACEJUDGE_KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:9092 python examples/support_agent.py   # terminal 3",
-            "curl -s http://127.0.0.1:9464/metrics | grep tracejudge_verdicts_total",
+            "# terminal 2: the judge is your local OpenAI-compatible server (Ollama here; vLLM :8000/v1, llama.cpp "
+            ":8080/v1)",
+            "OPENAI_BASE_URL=http://127.0.0.1:11434/v1 OPENAI_API_KEY=placeholder \\",
+            "  tracejudge consume --bootstrap-servers 127.0.0.1:9092 --judge-model llama3.2 --start-from earliest",
+            "# terminal 3, once terminal 2 logged `ready: consuming partitions [0]`:",
+            "TRACEJUDGE_KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:9092 EXAMPLE_CHATS=3 EXAMPLE_PAUSE_S=0 python "
+            "examples/support_agent.py",
+            "curl -s http://127.0.0.1:9464/metrics | grep -E '^tracejudge_(sessions|verdicts)_total' | grep -v ' 0.0$'",
         ),
     ),
     (

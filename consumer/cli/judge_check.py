@@ -3,14 +3,23 @@ call answered, all before any record is read; otherwise one line on stderr and a
 
 Importing LiteLLM here, before the consumer is ready, also moves its import (seconds) out of the first judgement's
 latency. A model string no provider routes is a configuration error (exit 2); a judge that cannot answer the check
-(missing or wrong credentials, a model that does not exist, a server answering 500) exits 3.
+(missing or wrong credentials, a model that does not exist, nothing listening, a server answering 500) exits 3 with
+a line that names the URL and model it tried, the cause, and that cause's fix.
 """
 
 from __future__ import annotations
 
+import re
 import sys
 
-from tracejudge.metrics.judge_check import ERROR_RATE_LIMITED, JudgeCallError, check_judge_model, judge_model_problem
+from tracejudge.metrics.judge_check import (
+    ERROR_RATE_LIMITED,
+    JudgeCallError,
+    JudgeEndpoint,
+    check_judge_model,
+    judge_endpoint,
+    judge_model_problem,
+)
 
 from ..settings import Settings
 from .options import EXIT_JUDGE_UNAVAILABLE, EXIT_USAGE
@@ -30,7 +39,83 @@ def judge_config_error(settings: Settings) -> str | None:
     return f"tracejudge: invalid configuration: --judge-model / TRACEJUDGE_JUDGE_MODEL: {_one_line(problem)}"
 
 
-def check_judge(settings: Settings) -> str | None:
+def _provider_message(exc: JudgeCallError) -> str:
+    """What the provider (or LiteLLM) said, once: LiteLLM's `litellm.XError: XError: OpenAIException - ` prefixes
+    dropped."""
+    text = str(exc.__cause__ if exc.__cause__ is not None else exc)
+    text = re.sub(r"^litellm\.\w+:\s*", "", text.strip())
+    for _ in range(3):
+        text = re.sub(r"^\w*(?:Error|Exception|Timeout)\s*(?::|-)\s*", "", text)
+    return _one_line(text, 160)
+
+
+def _status(exc: JudgeCallError) -> int | None:
+    status = getattr(exc.__cause__, "status_code", None)
+    return status if isinstance(status, int) else None
+
+
+_NOT_FOUND = re.compile(r"model\b.*\b(?:not found|does not exist|not exist)|no such model|unknown model", re.I)
+_NOT_AN_API = re.compile(r"Expecting value|Received response|not valid JSON|JSONDecodeError", re.I)
+
+
+def _cause_and_fix(exc: JudgeCallError, where: JudgeEndpoint, model: str, flag: str, timeout: float) -> tuple[str, str]:
+    """(what happened, what to do), for each cause a user meets at startup."""
+    url, status = where.url, _status(exc)
+    said = _provider_message(exc)
+    code = f" (HTTP {status})" if status else ""
+    if exc.kind == "auth" and (where.key_missing or "credentials" in said.lower() or "api_key" in said.lower()):
+        local = (
+            " (a local server that checks no key takes any value, e.g. placeholder)"
+            if "openai" in where.provider
+            else ""
+        )
+        return f"no API key for {where.litellm_model} at {url}", f"set {where.key_variable}{local}"
+    if exc.kind == "auth":
+        return f"{url} refused the API key{code}", f"check {where.key_variable} and its access to {model!r}"
+    if exc.kind == "connection":
+        return (
+            f"nothing answers at {url}",
+            "start the server, or point OPENAI_BASE_URL at the one you run"
+            if where.provider == "openai"
+            else "check the network and the provider's endpoint",
+        )
+    if exc.kind == "timeout":
+        return f"no answer from {url} within {timeout:g} s", "check the server's load, or raise --judge-timeout"
+    if status == 404 or "NotFound" in type(exc.__cause__).__name__ or _NOT_FOUND.search(said):
+        listing = f"GET {url.rstrip('/')}/models" if url.startswith("http") else "the provider's model list"
+        return (
+            f"{url} does not serve the model {where.litellm_model.partition('/')[2] or model!r}{code}",
+            f"name one it serves with {flag} (see {listing}; on Ollama, `ollama pull` it first)",
+        )
+    if exc.kind == "server_error" and _NOT_AN_API.search(said):
+        return (
+            f"{url} answered, but not as an OpenAI-compatible API",
+            "check that OPENAI_BASE_URL is the API's base URL (it often ends in /v1)",
+        )
+    if exc.kind == "server_error":
+        return (
+            f"{url} answered with a server error{code}",
+            "see that server's log (a model still loading answers so too: try again)",
+        )
+    if exc.kind == "bad_request":
+        return f"{url} refused the request{code}", f"check {flag} and the server's message"
+    return f"LiteLLM could not call {where.litellm_model}", f"check {flag} and its provider's settings"
+
+
+def judge_refusal(
+    model: str, exc: JudgeCallError, *, timeout: float, who: str = "the judge", flag: str = "--judge-model"
+) -> str:
+    """The one line for a judge that failed the startup check: model, URL, cause, its fix, the provider's words."""
+    where = judge_endpoint(model)
+    cause, fix = _cause_and_fix(exc, where, model, flag, timeout)
+    said = _provider_message(exc)
+    return (
+        f"tracejudge: {who} {model!r} cannot answer ({exc.kind}): {cause}: {fix} (it said: {said}; "
+        f"skip this check with {OPT_OUT})"
+    )
+
+
+def check_judge(settings: Settings, *, who: str = "the judge", flag: str = "--judge-model") -> str | None:
     """One cheap call to the judge; None when it answered (a 429 counts: the judge is there and the key works),
     else the line to print. Retries are not made: a judge that fails its first call at startup is reported now."""
     try:
@@ -38,40 +123,41 @@ def check_judge(settings: Settings) -> str | None:
     except JudgeCallError as exc:
         if exc.kind == ERROR_RATE_LIMITED:
             return None
-        return (
-            f"tracejudge: the judge {settings.judge_model!r} cannot answer ({exc.kind}): {_one_line(str(exc))} "
-            f"(skip this check with {OPT_OUT})"
-        )
+        return judge_refusal(settings.judge_model, exc, timeout=settings.judge_timeout, who=who, flag=flag)
     return None
 
 
-def refuse_shadow_judge(settings: Settings) -> int | None:
-    """As `refuse_judge` for `--shadow-judge-model`: a shadow that cannot answer is refused at startup too."""
-    if not settings.shadow_judge_model:
-        return None
-    model = settings.shadow_judge_model
-    problem = judge_model_problem(model)
+def refuse_judge_config(settings: Settings) -> int | None:
+    """The judge models' configuration (no call): EXIT_USAGE after one line when `--judge-model` or
+    `--shadow-judge-model` names a provider LiteLLM does not route, else None. Imports LiteLLM."""
+    problem = judge_config_error(settings)
+    if problem is None and settings.shadow_judge_model:
+        shadow = judge_model_problem(settings.shadow_judge_model)
+        if shadow is not None:
+            flag = "--shadow-judge-model / TRACEJUDGE_SHADOW_JUDGE_MODEL"
+            problem = f"tracejudge: invalid configuration: {flag}: {_one_line(shadow)}"
     if problem is not None:
-        flag = "--shadow-judge-model / TRACEJUDGE_SHADOW_JUDGE_MODEL"
-        print(f"tracejudge: invalid configuration: {flag}: {_one_line(problem)}", file=sys.stderr)
+        print(problem, file=sys.stderr)
         return EXIT_USAGE
-    if settings.judge_check:
-        problem = check_judge(settings.model_copy(update={"judge_model": model}))
-        if problem is not None:
-            print(problem.replace("the judge", "the shadow judge", 1), file=sys.stderr)
-            return EXIT_JUDGE_UNAVAILABLE
+    return None
+
+
+def refuse_unanswering_judge(settings: Settings) -> int | None:
+    """The judge check (unless --no-judge-check): EXIT_JUDGE_UNAVAILABLE after one line when the judge, or the shadow
+    judge, cannot answer one cheap call, else None."""
+    if not settings.judge_check:
+        return None
+    problem = check_judge(settings)
+    if problem is None and settings.shadow_judge_model:
+        shadow = settings.model_copy(update={"judge_model": settings.shadow_judge_model})
+        problem = check_judge(shadow, who="the shadow judge", flag="--shadow-judge-model")
+    if problem is not None:
+        print(problem, file=sys.stderr)
+        return EXIT_JUDGE_UNAVAILABLE
     return None
 
 
 def refuse_judge(settings: Settings) -> int | None:
-    """The CLI's startup step: None to go on, else the exit code after printing one line on stderr."""
-    problem = judge_config_error(settings)
-    if problem is not None:
-        print(problem, file=sys.stderr)
-        return EXIT_USAGE
-    if settings.judge_check:
-        problem = check_judge(settings)
-        if problem is not None:
-            print(problem, file=sys.stderr)
-            return EXIT_JUDGE_UNAVAILABLE
-    return None
+    """`backfill`'s and `calibrate`'s startup step: the configuration, then the call; None to go on, else the exit
+    code after printing one line on stderr."""
+    return refuse_judge_config(settings) or refuse_unanswering_judge(settings)

@@ -19,7 +19,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from .._errors import EXIT_USAGE
-from ..settings import Settings
+from ..settings import GROUPS, UNGROUPED, Settings
 
 EXIT_JUDGE_UNAVAILABLE = 3  # the startup judge check got no answer (auth, unknown model, server down)
 # docs/configuration.md's table sits between these two lines.
@@ -40,6 +40,7 @@ class Option:
     repeatable: bool  # given once per value (argparse `append`)
     boolean: bool  # `--x` / `--no-x`
     see: str | None  # a docs page (relative to docs/) the table links to
+    group: str | None  # its section of --help and of the table (settings.GROUPS); None: not declared yet
 
 
 def _option(name: str) -> Option:
@@ -58,12 +59,27 @@ def _option(name: str) -> Option:
         repeatable=bool(extra.get("repeatable")),
         boolean=field.annotation is bool,
         see=None if extra.get("see") is None else str(extra["see"]),
+        group=None if extra.get("group") is None else str(extra["group"]),
     )
 
 
-# Every consumer option, in Settings' (and --help's) order.
+# Every consumer option, in Settings' order (the order within each --help section).
 OPTIONS: tuple[Option, ...] = tuple(_option(name) for name in Settings.model_fields)
 BY_FIELD: dict[str, Option] = {option.field: option for option in OPTIONS}
+
+
+def section(option: Option) -> str:
+    """The --help section (and docs table) an option is listed under; a field without a known group: UNGROUPED."""
+    return option.group if option.group in GROUPS else UNGROUPED
+
+
+def by_section(options: Sequence[Option] = OPTIONS) -> list[tuple[str, list[Option]]]:
+    """The options by section, in GROUPS' order (UNGROUPED last), each in Settings' order; empty sections left out."""
+    order = [*GROUPS, UNGROUPED]
+    return [
+        (name, [o for o in options if section(o) == name]) for name in order if any(section(o) == name for o in options)
+    ]
+
 
 # The canary and the shadow judge watch a running consumer's judge: nothing to do in backfill or the demo.
 WATCH_OPTIONS = (
@@ -103,18 +119,23 @@ def add_consumer_flags(
 ) -> None:
     """Add the flags of every field in `only` (default all) not in `skip`; `defaults` are the defaults this command
     shows instead."""
-    for option in OPTIONS:
-        if option.field in skip or (only is not None and option.field not in only):
-            continue
-        extra: dict[str, Any] = {}
-        if option.metavar is not None:
-            extra["metavar"] = option.metavar
-        if option.repeatable:
-            extra["action"] = "append"
-        elif option.boolean:
-            extra["action"] = argparse.BooleanOptionalAction
-        help_text = field_help(option.field, (defaults or {}).get(option.field))
-        parser.add_argument(option.flag, dest=option.field, default=argparse.SUPPRESS, help=help_text, **extra)
+    chosen = [o for o in OPTIONS if o.field not in skip and (only is None or o.field in only)]
+    for title, options in by_section(chosen):
+        group = parser.add_argument_group(title)
+        for option in options:
+            _add_flag(group, option, defaults)
+
+
+def _add_flag(group: argparse._ArgumentGroup, option: Option, defaults: Mapping[str, str] | None) -> None:
+    extra: dict[str, Any] = {}
+    if option.metavar is not None:
+        extra["metavar"] = option.metavar
+    if option.repeatable:
+        extra["action"] = "append"
+    elif option.boolean:
+        extra["action"] = argparse.BooleanOptionalAction
+    help_text = field_help(option.field, (defaults or {}).get(option.field))
+    group.add_argument(option.flag, dest=option.field, default=argparse.SUPPRESS, help=help_text, **extra)
 
 
 def settings_from_args(namespace: argparse.Namespace, *, skip: Sequence[str] = ()) -> Settings:
@@ -137,18 +158,22 @@ def _cell(text: str) -> str:
 
 
 def markdown_table() -> str:
-    """docs/configuration.md's table of every option: flag, environment variable, default, what it does."""
-    lines = ["| flag | environment variable | default | what it does |", "|---|---|---|---|"]
-    for option in OPTIONS:
-        value = f" {option.metavar}" if option.metavar else ""
-        flag = f"`{option.flag}{value}`"
-        if option.boolean:
-            flag += f" / `--no-{option.flag.removeprefix('--')}`"
-        default = shown_default(option.default)
-        default = default if default in ("none", "on", "off") else f"`{default}`"
-        what = option.description + (f" ([more]({option.see}))" if option.see else "")
-        lines.append(f"| {_cell(flag)} | `{option.env}` | {_cell(default)} | {_cell(what)} |")
-    return "\n".join(lines) + "\n"
+    """docs/configuration.md's tables of every option, one per --help section: flag, environment variable, default,
+    what it does."""
+    parts = []
+    for title, options in by_section():
+        lines = [f"### {title}", "", "| flag | environment variable | default | what it does |", "|---|---|---|---|"]
+        for option in options:
+            value = f" {option.metavar}" if option.metavar else ""
+            flag = f"`{option.flag}{value}`"
+            if option.boolean:
+                flag += f" / `--no-{option.flag.removeprefix('--')}`"
+            default = shown_default(option.default)
+            default = default if default in ("none", "on", "off") else f"`{default}`"
+            what = option.description + (f" ([more]({option.see}))" if option.see else "")
+            lines.append(f"| {_cell(flag)} | `{option.env}` | {_cell(default)} | {_cell(what)} |")
+        parts.append("\n".join(lines) + "\n")
+    return "\n".join(parts)
 
 
 def with_table(page: str) -> str:

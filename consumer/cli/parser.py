@@ -8,9 +8,11 @@ Each command's module adds its own arguments; the consumer flags it takes come f
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import sys
 from collections.abc import Sequence
+from importlib.metadata import PackageNotFoundError, version
 
 from . import backfill, broker, calibrate, compare, demo
 from .consume import calibration_refused, run_consume
@@ -24,10 +26,35 @@ def run_demo(namespace: argparse.Namespace) -> int:
     return demo.run_demo(namespace)
 
 
+CONSUME_EXAMPLE = """\
+example, a local OpenAI-compatible judge (Ollama) and a local Kafka:
+  OPENAI_BASE_URL=http://127.0.0.1:11434/v1 OPENAI_API_KEY=placeholder \\
+    tracejudge consume --bootstrap-servers 127.0.0.1:9092 --judge-model llama3.2 --start-from earliest
+
+Every flag is also an environment variable (flag > variable > default): docs/configuration.md."""
+
+
+def tracejudge_version() -> str:
+    try:
+        return f"tracejudge {version('tracejudge')}"
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "tracejudge (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tracejudge", description="Judge live LLM-agent conversations from Kafka.")
+    parser.add_argument("--version", action="version", version=tracejudge_version())
     commands = parser.add_subparsers(dest="command", required=True)
-    consume = commands.add_parser("consume", help="assemble, sample and judge conversations from a Kafka topic")
+    consume = commands.add_parser(
+        "consume",
+        help="assemble, sample and judge conversations from a Kafka topic",
+        description="Assemble conversations from the span topic, sample them, judge them and export the verdicts, "
+        "until SIGTERM or SIGINT.",
+        usage="%(prog)s [OPTION ...]",
+        epilog=CONSUME_EXAMPLE,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    consume.add_argument("--version", action="version", version=tracejudge_version())
     add_consumer_flags(consume)
     consume.set_defaults(handler=run_consume)
     demo_parser = commands.add_parser("demo", help="the whole pipeline on an embedded broker with a scripted agent")
@@ -59,9 +86,50 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     os.environ.setdefault("LITELLM_LOCAL_ANTHROPIC_BETA_HEADERS", "True")
     parser = build_parser()
-    namespace = parser.parse_args(argv)
+    args = list(sys.argv[1:] if argv is None else argv)
+    _refuse_unknown_command(parser, args)
+    command = next((arg for arg in args if not arg.startswith("-")), None)
+    if command in _subparsers(parser):  # before argparse's own checks (a missing required flag would hide a typo)
+        _refuse_unknown_flags(parser, command, [arg for arg in args if arg.startswith("--") and arg != "--"])
+    namespace, unknown = parser.parse_known_args(args)
+    if unknown:
+        _refuse_unknown_flags(parser, namespace.command, unknown, exhaustive=True)
     return int(namespace.handler(namespace))
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
+
+
+def _refuse_unknown_command(parser: argparse.ArgumentParser, args: list[str]) -> None:
+    """`tracejudge consme`: the usage error names the closest command."""
+    commands = _subparsers(parser)
+    first = next((arg for arg in args if not arg.startswith("-")), None)
+    if first is None or first in commands or args[0].startswith("-"):
+        return
+    close = difflib.get_close_matches(first, list(commands), n=1)
+    if close:
+        parser.error(f"unknown command {first!r}: did you mean {close[0]!r}?")
+
+
+def _refuse_unknown_flags(
+    parser: argparse.ArgumentParser, command: str, given: list[str], *, exhaustive: bool = False
+) -> None:
+    """A flag `command` does not take (nor abbreviates) is a usage error of that command (exit 2) naming the closest
+    flag it takes; with `exhaustive`, `given` are argparse's leftovers and any of them is an error."""
+    command_parser = _subparsers(parser).get(command, parser)
+    flags = [flag for flag in command_parser._option_string_actions if flag.startswith("--")]
+    for arg in given:
+        if not arg.startswith("-"):
+            continue
+        flag = arg.split("=", 1)[0]
+        if not exhaustive and any(known.startswith(flag) for known in flags):  # argparse takes abbreviations
+            continue
+        close = difflib.get_close_matches(flag, flags, n=1, cutoff=0.6)
+        hint = f": did you mean {close[0]}?" if close else f" (see tracejudge {command} --help)"
+        command_parser.error(f"unrecognized argument {flag}{hint}")
+    if exhaustive:
+        command_parser.error(f"unrecognized arguments: {' '.join(given)}")

@@ -1,6 +1,7 @@
 """What a user can get wrong at start is one line on stderr and a non-zero exit, through the real `tracejudge` CLI:
 a broker that is down (bounded wait), a metrics port in use, an OTLP endpoint that is not a URL. A new group says at
-start what joining means, and "ready" comes once partitions are assigned. kafka-python's noise is tamed."""
+start what joining means, and "ready" comes once partitions are assigned; a replica that gets none says so once.
+kafka-python's noise is tamed."""
 
 from __future__ import annotations
 
@@ -189,6 +190,36 @@ def test_a_new_group_says_what_joining_means_and_ready_follows_assignment(broker
     with consume_process(broker, topic, group) as (_process, lines):
         wait_for(lambda: any("joining topic" in line for line in lines), timeout=60, what="the joining line")
         assert not any("no committed offsets" in line for line in lines), lines
+
+
+def test_a_replica_without_a_partition_says_so_once_with_the_count_and_how_to_scale(broker: EmbeddedBroker) -> None:
+    """Two replicas of one group on a one-partition topic: the second joins, gets nothing, and says so once (not
+    silence); the first never does. When the first stops, the second takes the partition over, as the line says."""
+    topic = f"spans-one-{uuid.uuid4().hex[:8]}"
+    broker.create_topic(topic, partitions=1)
+    group = f"tj-one-{uuid.uuid4().hex[:8]}"
+    with consume_process(broker, topic, group) as (first, first_lines):
+        wait_for(lambda: any("ready:" in line for line in first_lines), timeout=120, what="the first replica ready")
+        assert any("ready: consuming partitions [0]" in line for line in first_lines), first_lines
+        with consume_process(broker, topic, group) as (second, second_lines):
+            notice = "no partition for this replica"
+            wait_for(lambda: any(notice in line for line in second_lines), timeout=180, what="the no-partition line")
+            line = next(line for line in second_lines if notice in line)
+            assert f"topic {topic!r} has 1 partition and the other members of group {group!r} own it" in line
+            assert "stands by" in line and "more partitions" in line and "--group-id" in line
+            assert not any("ready:" in other for other in second_lines), second_lines
+            first.send_signal(signal.SIGTERM)  # the owner leaves: the replica standing by takes over
+            assert first.wait(60) == 0
+            wait_for(
+                lambda: any("ready: consuming partitions [0]" in other for other in second_lines),
+                timeout=180,
+                what="the standby taking the partition over",
+            )
+            assert sum(notice in other for other in second_lines) == 1, second_lines  # said once
+            assert not any(notice in other for other in first_lines), first_lines
+            assert not any("Traceback" in other for other in first_lines + second_lines)
+            second.send_signal(signal.SIGTERM)
+            assert second.wait(60) == 0
 
 
 def record(name: str, level: int, msg: str, *args: object) -> logging.LogRecord:

@@ -31,6 +31,9 @@ def help_entries(*command: str) -> dict[str, str]:
         check=True,
     )
     options = completed.stdout.split("\noptions:\n", 1)[1]
+    options = re.sub(r"\n\n[^\n ][^\n]*:\n", "\n", options)  # the section titles (Kafka:, Judge:, ...)
+    epilog = options.find("\n\nexample")
+    options = options if epilog < 0 else options[:epilog]
     entries: dict[str, str] = {}
     for block in re.split(r"\n(?=  -)", options):
         text = " ".join(block.split())
@@ -38,6 +41,7 @@ def help_entries(*command: str) -> dict[str, str]:
         assert flag is not None, block
         entries[flag.group(1)] = text
     entries.pop("--help")
+    entries.pop("--version", None)
     return entries
 
 
@@ -73,3 +77,68 @@ def test_demo_shows_its_own_defaults() -> None:
     entries = help_entries("demo")
     assert "(env TRACEJUDGE_KAFKA_BOOTSTRAP_SERVERS, default an embedded broker)" in entries["--bootstrap-servers"]
     assert "(env TRACEJUDGE_JUDGE_MODEL, default a scripted judge)" in entries["--judge-model"]
+
+
+def test_every_setting_declares_its_help_section() -> None:
+    """A Settings field without `group=` (one of settings.GROUPS) fails here by name; --help would list it last."""
+    from tracejudge.consumer.settings import GROUPS
+
+    ungrouped = [option.field for option in OPTIONS if option.group not in GROUPS]
+    assert not ungrouped, f"Settings fields without a --help section (group=KAFKA, JUDGE, ...): {ungrouped}"
+
+
+def test_consume_help_is_grouped_with_an_example() -> None:
+    env = {**os.environ, "COLUMNS": "100"}
+    completed = subprocess.run(
+        [sys.executable, "-m", "tracejudge.consumer", "consume", "--help"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=True,
+    )
+    text = completed.stdout
+    titles = ["Kafka:", "Judge:", "Sampling and budget:", "State:", "Outputs:", "Canary and shadow judge:"]
+    positions = [text.find(f"\n{title}\n") for title in titles]
+    assert all(p > 0 for p in positions) and positions == sorted(positions), text
+    assert "Other (no group declared yet)" not in text
+    sections = dict(zip(titles, re.split(r"\n(?:" + "|".join(map(re.escape, titles)) + r")\n", text)[1:], strict=True))
+    assert "--bootstrap-servers" in sections["Kafka:"] and "--judge-model" in sections["Judge:"]
+    assert "--metrics JUDGE[,JUDGE]" in sections["Judge:"] and "--metrics-port" in sections["Outputs:"]
+    assert "--sample-rate" in sections["Sampling and budget:"] and "--shadow-judge-model" in text.split(titles[-1])[1]
+    assert text.startswith("usage: tracejudge consume [OPTION ...]\n")  # not 46 lines of every flag
+    example = text.split("\nexample")[1]
+    assert "tracejudge consume --bootstrap-servers" in example and "--judge-model" in example
+    metrics_help = " ".join(sections["Judge:"].split("--metrics JUDGE[,JUDGE]")[1].split("(env")[0].split())
+    assert metrics_help.startswith("which judges run") and "--metrics-port" in metrics_help
+
+
+def test_version() -> None:
+    from importlib.metadata import version
+
+    for command in (["--version"], ["consume", "--version"]):
+        completed = subprocess.run(
+            [sys.executable, "-m", "tracejudge.consumer", *command], capture_output=True, text=True, timeout=60
+        )
+        assert completed.returncode == 0, completed.stderr
+        assert completed.stdout.strip() == f"tracejudge {version('tracejudge')}"
+
+
+@pytest.mark.parametrize(
+    ("argv", "suggestion"),
+    [
+        (["consume", "--judge-modle", "llama3.2"], "unrecognized argument --judge-modle: did you mean --judge-model?"),
+        (["consume", "--metrics-prot=9000"], "unrecognized argument --metrics-prot: did you mean --metrics-port?"),
+        (["backfill", "--form", "2026-01-01"], "unrecognized argument --form: did you mean --from?"),
+        (["consme"], "unknown command 'consme': did you mean 'consume'?"),
+    ],
+)
+def test_a_mistyped_flag_names_the_closest_one(argv: list[str], suggestion: str) -> None:
+    completed = subprocess.run(
+        [sys.executable, "-m", "tracejudge.consumer", *argv], capture_output=True, text=True, timeout=60
+    )
+    assert completed.returncode == 2
+    assert completed.stderr.strip().splitlines()[-1].endswith(suggestion), completed.stderr
+    assert "Traceback" not in completed.stderr
+    if argv[0] == "consume":  # the command's own short usage, not the top-level one
+        assert completed.stderr.startswith("usage: tracejudge consume [OPTION ...]\n"), completed.stderr

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -79,6 +80,11 @@ def _one_line(err: str) -> str:
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1, err
     assert "Traceback" not in err
+    # The provider's words once, without LiteLLM's class names (`litellm.InternalServerError: InternalServerError:
+    # OpenAIException - ...`).
+    assert not re.search(
+        r"\blitellm\.[A-Z]|Exception - |InternalServerError|AuthenticationError|NotFoundError", lines[0]
+    )
     return lines[0]
 
 
@@ -97,7 +103,8 @@ def test_consume_exits_3_with_one_line_when_the_judge_answers_500(
     assert completed.returncode == EXIT_JUDGE_UNAVAILABLE, completed.stderr
     line = _one_line(completed.stderr)
     assert line.startswith("tracejudge: the judge 'gpt-4o-mini' cannot answer (server_error): ")
-    assert "the judge is on fire" in line and "--no-judge-check" in line
+    assert f"{judge_server.base_url} answered with a server error (HTTP 500): see that server's log" in line
+    assert "it said: the judge is on fire" in line and "--no-judge-check" in line
     assert len(judge_server.checks) == 1  # one cheap call, not retried
     assert judge_server.requests == []
     assert not kafka.connected.is_set()
@@ -126,36 +133,94 @@ def test_no_judge_check_from_the_environment_goes_on_to_kafka(judge_server: Judg
 
 
 @pytest.mark.parametrize(
-    ("reply", "reason", "words"),
+    ("reply", "reason", "cause", "fix"),
     [
-        (_error(404, "The model `gpt-4o-mini` does not exist", "model_not_found"), "bad_request", "does not exist"),
-        (Reply(status=401, raw_body=b'{"error": {"message": "Incorrect API key provided"}}'), "auth", "API key"),
-        (Reply(status=200, raw_body=b"<html>gateway says hi</html>"), "server_error", ""),
+        (
+            _error(404, "The model `gpt-4o-mini` does not exist", "model_not_found"),
+            "bad_request",
+            "{url} does not serve the model 'gpt-4o-mini' (HTTP 404)",
+            "name one it serves with --judge-model (see GET {url}/models",
+        ),
+        (
+            Reply(status=401, raw_body=b'{"error": {"message": "Incorrect API key provided"}}'),
+            "auth",
+            "{url} refused the API key (HTTP 401)",
+            "check OPENAI_API_KEY",
+        ),
+        (
+            Reply(status=200, raw_body=b"<html>gateway says hi</html>"),
+            "server_error",
+            "{url} answered, but not as an OpenAI-compatible API",
+            "check that OPENAI_BASE_URL is the API's base URL",
+        ),
+        (
+            _error(503, "model is loading"),
+            "server_error",
+            "{url} answered with a server error (HTTP 503)",
+            "see that server's log",
+        ),
     ],
+    ids=["model-not-found", "wrong-key", "not-an-api", "server-error"],
 )
-def test_consume_refuses_a_judge_that_cannot_answer(
+def test_consume_refuses_a_judge_that_cannot_answer_naming_url_cause_and_fix(
     judge_server: JudgeServer,
     kafka: KafkaListener,
     capsys: pytest.CaptureFixture[str],
     reply: Reply,
     reason: str,
-    words: str,
+    cause: str,
+    fix: str,
 ) -> None:
     judge_server.check_reply = reply
     assert main(_consume(kafka)) == EXIT_JUDGE_UNAVAILABLE
     line = _one_line(capsys.readouterr().err)
-    assert f"cannot answer ({reason})" in line and words in line
+    url = judge_server.base_url.rstrip("/")
+    expected = f"tracejudge: the judge 'gpt-4o-mini' cannot answer ({reason}): {cause.format(url=url)}: "
+    assert line.startswith(expected), line
+    assert fix.format(url=url) in line.removeprefix(expected).split(" (it said: ")[0], line
     assert not kafka.connected.is_set()
+
+
+def test_nothing_listening_is_a_connection_problem_naming_the_url(
+    judge_server: JudgeServer, kafka: KafkaListener, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """LiteLLM reports a refused connection as a 500 `InternalServerError: Connection error.`: it is `connection`."""
+    from tracejudge.consumer.embedded_broker import free_port
+
+    closed = f"http://127.0.0.1:{free_port()}/v1"
+    monkeypatch.setenv("OPENAI_BASE_URL", closed)
+    monkeypatch.setenv("OPENAI_API_BASE", closed)
+    assert main(_consume(kafka, "--judge-model", "llama3.2")) == EXIT_JUDGE_UNAVAILABLE
+    line = _one_line(capsys.readouterr().err)
+    assert line.startswith(
+        f"tracejudge: the judge 'llama3.2' cannot answer (connection): nothing answers at {closed}: start the "
+        "server, or point OPENAI_BASE_URL at the one you run (it said: Connection error.; skip this check with "
+        "--no-judge-check"
+    ), line
+    assert not kafka.connected.is_set()
+
+
+def test_no_answer_in_time_names_the_timeout_and_its_flag(
+    judge_server: JudgeServer, kafka: KafkaListener, capsys: pytest.CaptureFixture[str]
+) -> None:
+    judge_server.check_reply = Reply(content="OK", delay_s=3.0)
+    assert main(_consume(kafka, "--judge-timeout", "0.5")) == EXIT_JUDGE_UNAVAILABLE
+    line = _one_line(capsys.readouterr().err)
+    assert f"cannot answer (timeout): no answer from {judge_server.base_url} within 0.5 s: " in line, line
+    assert "raise --judge-timeout" in line
 
 
 def test_missing_key_is_auth_at_startup(
     judge_server: JudgeServer, kafka: KafkaListener, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """No key is not a server error: LiteLLM refuses before any request (as a 500); the line says which variable."""
     monkeypatch.delenv("OPENAI_API_KEY")
     started = time.monotonic()
     assert main(_consume(kafka)) == EXIT_JUDGE_UNAVAILABLE
     line = _one_line(capsys.readouterr().err)
-    assert "cannot answer (auth)" in line and "Missing credentials" in line
+    expected = f"cannot answer (auth): no API key for openai/gpt-4o-mini at {judge_server.base_url}: set OPENAI_API_KEY"
+    assert expected in line, line
+    assert "Missing credentials" in line  # LiteLLM's own words, once
     assert time.monotonic() - started < 10  # not retried
     assert judge_server.checks == [] and not kafka.connected.is_set()
 
@@ -226,8 +291,45 @@ def test_calibrate_checks_the_judge_and_can_skip_the_check(
 def test_an_unroutable_shadow_judge_is_a_configuration_error(
     judge_server: JudgeServer, kafka: KafkaListener, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """The shadow is checked as the primary is: exit 2, one line naming --shadow-judge-model, Kafka never contacted."""
+    """The shadow is checked as the primary is: exit 2, one line naming --shadow-judge-model; configuration first, so
+    neither judge is called and Kafka is never contacted."""
     assert main(_consume(kafka, "--shadow-judge-model", "foo/bar")) == EXIT_USAGE
     line = _one_line(capsys.readouterr().err)
     assert line.startswith("tracejudge: invalid configuration: --shadow-judge-model / TRACEJUDGE_SHADOW_JUDGE_MODEL: ")
-    assert len(judge_server.checks) == 1 and not kafka.connected.is_set()  # the primary's check only
+    assert judge_server.checks == [] and not kafka.connected.is_set()
+
+
+def test_a_shadow_judge_that_cannot_answer_is_named_as_the_shadow(
+    judge_server: JudgeServer, kafka: KafkaListener, capsys: pytest.CaptureFixture[str]
+) -> None:
+    judge_server.check_responder = lambda request: (
+        _error(404, "no such model: judge-b") if request["model"] == "judge-b" else Reply(content="OK")
+    )
+    assert main(_consume(kafka, "--shadow-judge-model", "judge-b")) == EXIT_JUDGE_UNAVAILABLE
+    line = _one_line(capsys.readouterr().err)
+    assert line.startswith("tracejudge: the shadow judge 'judge-b' cannot answer (bad_request): "), line
+    assert "name one it serves with --shadow-judge-model" in line
+    assert [check["model"] for check in judge_server.checks] == ["gpt-4o-mini", "judge-b"]
+    assert not kafka.connected.is_set()
+
+
+def test_the_metrics_port_is_configuration_checked_before_the_judge_and_kafka(
+    judge_server: JudgeServer, kafka: KafkaListener, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The documented order: configuration (the metrics port included) exits 2 before the judge is called (it would
+    exit 3 here) or Kafka contacted; the judge (exit 3) before Kafka is the tests above."""
+    judge_server.check_reply = _error(500, "the judge is on fire")
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        argv = ["consume", "--bootstrap-servers", kafka.bootstrap, "--metrics-host", "127.0.0.1"]
+        started = time.monotonic()
+        assert main([*argv, "--metrics-port", str(port)]) == EXIT_USAGE
+        took = time.monotonic() - started
+    line = _one_line(capsys.readouterr().err)
+    assert line.startswith("tracejudge: invalid configuration: --metrics-port / TRACEJUDGE_METRICS_PORT: ")
+    assert f"127.0.0.1:{port}" in line
+    assert judge_server.checks == [] and judge_server.requests == []
+    assert not kafka.connected.is_set()
+    print(f"\nmetrics port taken: exit 2 after {took:.2f} s: {line}")

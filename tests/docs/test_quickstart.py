@@ -43,6 +43,49 @@ def quickstart_blocks(text: str) -> dict[str, list[str]]:
     return blocks
 
 
+def readme_snippet(text: str) -> str:
+    """The "Wrap your agent" snippet (the `<!-- quickstart:snippet -->` python block)."""
+    match = re.search(r"<!-- quickstart:snippet -->\n```python\n(.*?)\n```", text, re.S)
+    assert match is not None, "the README's snippet lost its marker"
+    return match.group(1)
+
+
+def runnable_snippet(snippet: str, bootstrap: str) -> str:
+    """The snippet as a user runs it: their agent function defined, their broker's address in place of kafka:9092."""
+    assert snippet.count('kafka_bootstrap_servers="kafka:9092"') == 1
+    agent = 'def my_llm_agent(question: str) -> str:\n    return "Your parcel left our warehouse yesterday."\n\n\n'
+    return agent + snippet.replace('"kafka:9092"', repr(bootstrap))
+
+
+def test_the_readme_snippet_ends_its_conversations_and_says_what_the_idle_timeout_does() -> None:
+    from tracejudge.consumer.settings import Settings
+
+    text = README.read_text()
+    snippet = readme_snippet(text)
+    conversations = set(re.findall(r'session_id="([^"]+)"', snippet))
+    assert conversations and conversations == set(re.findall(r'end_conversation\("([^"]+)"\)', snippet))
+    after = " ".join(text.split("<!-- quickstart:snippet -->", 1)[1].split("## Works with", 1)[0].split())
+    idle = Settings.model_fields["session_idle_timeout"].default
+    assert f"`--session-idle-timeout` ({idle:g} s by default)" in after, after
+    assert "pip install tracejudge`" not in text and "pip install 'tracejudge[" not in text  # not on PyPI
+
+
+def test_the_demos_next_steps_are_the_readmes_commands() -> None:
+    """`tracejudge demo` ends with the five-minute path: the same port, model, flags and commands as the README."""
+    from tracejudge.consumer.cli.demo import TRY_NEXT
+
+    title, lines = TRY_NEXT[0]
+    assert "five-minute path" in title
+    blocks = quickstart_blocks(README.read_text())
+    base_url = next(line for line in blocks["consumer"] if line.startswith("export OPENAI_BASE_URL="))
+    base_url = base_url.split()[1].removeprefix("OPENAI_BASE_URL=")
+    assert any(line.startswith(f"OPENAI_BASE_URL={base_url} OPENAI_API_KEY=placeholder") for line in lines), lines
+    assert "  " + blocks["consumer"][-1] in lines, lines
+    assert "--start-from earliest" in blocks["consumer"][-1]
+    assert blocks["broker"][-1] in lines[0]
+    assert blocks["agent"][1] in lines and blocks["agent"][2] in lines, lines
+
+
 def test_readme_quickstart_blocks_are_plain_commands() -> None:
     blocks = quickstart_blocks(README.read_text())
     assert tuple(blocks) == BLOCKS
@@ -231,10 +274,15 @@ def run_path(
                 command = f"export OPENAI_BASE_URL={judge.base_url}"
             consumer.run(command, timeout=60)
         consumer_done = consumer.send(start_consumer)
-        ready = re.search(r"It logs `(metrics at [^`]+)` when it is ready", readme)
-        assert ready is not None, "the README says which line means the consumer is ready"
-        consumer.wait_for(re.escape(ready.group(1)), timeout=120)
+        said = re.search(r"logs `(metrics at [^`]+)`;.*? it logs `(ready: consuming partitions [^`]+)`", readme, re.S)
+        assert said is not None, "the README says which lines the consumer logs, and which one means ready"
+        consumer.wait_for(re.escape(said.group(1)), timeout=120)
+        timings["consumer metrics"] = time.monotonic() - started
+        consumer.wait_for(re.escape(said.group(2)), timeout=120)
         timings["consumer ready"] = time.monotonic() - started
+        lines = consumer.output_after(0)
+        metrics_at = next(i for i, line in enumerate(lines) if said.group(1) in line)
+        assert metrics_at < next(i for i, line in enumerate(lines) if said.group(2) in line)  # in the README's order
 
         # Terminal 3: the example agent, then /metrics until the judged conversations show.
         agent = Terminal("agent", clone, env)
@@ -250,8 +298,8 @@ def run_path(
         while True:
             start = len(agent.lines)
             code = agent.run(look, timeout=30, check=False)  # grep exits 1 until the first verdict
-            seen = agent.output_after(start)
-            if all(line in seen for line in shown):
+            seen = [line for line in agent.output_after(start) if line.startswith("tracejudge_")]
+            if sorted(seen) == sorted(shown):  # exactly the README's lines: what the user sees, no more
                 assert code == 0
                 break
             assert time.monotonic() < deadline, f"/metrics never showed {shown}; last:\n" + "\n".join(seen)
@@ -267,6 +315,24 @@ def run_path(
         failed = r'^tracejudge_(?:judge_errors_total\{[^}]*|sessions_total\{[^}]*outcome="failed"[^}]*)\} (\S+)'
         failures = re.findall(failed, metrics, re.M)
         assert all(float(value) == 0 for value in failures), metrics
+
+        # The "Wrap your agent" snippet, as a user runs it next to the consumer: it ends its conversation, so the
+        # conversation is judged now, not after the 300 s idle timeout.
+        snippet_conversations = len(set(re.findall(r'session_id="([^"]+)"', readme_snippet(readme))))
+        (clone / "my_app.py").write_text(runnable_snippet(readme_snippet(readme), "127.0.0.1:9092"))
+        snippet_started = time.monotonic()
+        agent.run("python my_app.py", timeout=120)
+        judged = f'tracejudge_sessions_total{{agent="support-bot",outcome="judged"}} {3 + snippet_conversations}.0'
+        while True:
+            with urllib.request.urlopen("http://127.0.0.1:9464/metrics", timeout=10) as response:
+                metrics = response.read().decode()
+            if judged in metrics.splitlines():
+                break
+            assert time.monotonic() - snippet_started < 120, "the snippet's conversation was not judged promptly"
+            time.sleep(0.5)  # a user running curl again; the condition above is the barrier
+        timings["snippet judged"] = time.monotonic() - started
+        assert "tracejudge_sessions_open 0.0" in metrics.splitlines(), metrics
+        assert len(judge.requests) == 6 + 2 * snippet_conversations
 
         # Ctrl-C in terminals 2 and 1: both stop cleanly.
         consumer.ctrl_c()

@@ -105,6 +105,7 @@ class JudgeServer:
         # The commands' startup check (one cheap call before any record): answered here, apart from `requests`,
         # so scripts and request counts see only judgements; a test of the check sets its own reply.
         self.check_reply = Reply(content="OK")
+        self.check_responder: Responder | None = None  # when set, the check's reply from its request (by model)
         self.checks: list[dict[str, Any]] = []
         server = self
 
@@ -140,7 +141,7 @@ class JudgeServer:
                 elif is_judge_check(body):
                     with server._lock:
                         server.checks.append(body)
-                    reply = server.check_reply
+                    reply = server.check_responder(body) if server.check_responder else server.check_reply
                 else:
                     reply = server._refusal(body) or server._constrained(body, server._next(body))
                 with server._lock:
