@@ -72,7 +72,7 @@ def replicas_of(admin: KafkaAdminClient, topic: str) -> list[int]:
 def tracejudge(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     environ = {**os.environ, "PYTHONPATH": str(ROOT), "TRACEJUDGE_JUDGE_CHECK": "false", **(env or {})}
     return subprocess.run(
-        [sys.executable, "-m", "tracejudge.consumer", *args], capture_output=True, text=True, env=environ, timeout=120
+        [sys.executable, "-m", "tracejudge.consumer", *args], capture_output=True, text=True, env=environ, timeout=300
     )
 
 
