@@ -99,29 +99,36 @@ def one_line(stderr: str) -> str:
 
 
 def test_consume_creates_its_topics_with_the_replication_factor_and_settings_given(
-    broker: EmbeddedBroker, topic: str, admin: RecordingAdmin
+    broker: EmbeddedBroker, topic: str, admin: RecordingAdmin, tmp_path: Path
 ) -> None:
     """A real `tracejudge consume`: flags and their variables reach the broker; read back with describe_configs."""
     group_id = group()
     env = {"TRACEJUDGE_INTERNAL_TOPIC_CONFIG": "min.insync.replicas=1,retention.ms=604800000"}
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "tracejudge.consumer",
-            *consume_args(broker, topic, group_id),
-            "--replication-factor",
-            "1",
-            "--internal-topic-config",
-            "max.message.bytes=4194304",
-        ],
-        env={**os.environ, "PYTHONPATH": str(ROOT), "TRACEJUDGE_JUDGE_CHECK": "false", **env},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    log = tmp_path / "stderr.txt"
+    with log.open("w") as stderr:
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tracejudge.consumer",
+                *consume_args(broker, topic, group_id),
+                "--replication-factor",
+                "1",
+                "--internal-topic-config",
+                "max.message.bytes=4194304",
+            ],
+            env={**os.environ, "PYTHONPATH": str(ROOT), "TRACEJUDGE_JUDGE_CHECK": "false", **env},
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+        )
+    names = InternalTopics(group_id).all()
     try:
-        names = InternalTopics(group_id).all()
-        wait_for(lambda: set(names) <= set(admin.list_topics()), timeout=90, what="the internal topics")
+        wait_for(
+            lambda: set(names) <= set(admin.list_topics()) or process.poll() is not None,
+            timeout=240,
+            what="the internal topics",
+        )
+        assert process.poll() is None, log.read_text()
     finally:
         process.terminate()
         process.wait(60)
