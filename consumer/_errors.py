@@ -9,3 +9,9 @@ EXIT_USAGE = 2  # invalid configuration: one line on stderr (the commands, and S
 
 class ConsumerError(TracejudgeError):
     """Something the consumer service raises on purpose."""
+
+
+class StartupError(ConsumerError):
+    """The command cannot start for a reason the user can fix: the CLI prints it as one line and exits `exit_code`."""
+
+    exit_code = 1

@@ -22,7 +22,7 @@ from tracejudge.metrics import HolisticJudgeMetric
 from tracejudge.metrics.batch import BatchCoordinator
 from tracejudge.metrics.tiers import TIER_BATCH
 
-from ._errors import ConsumerError
+from ._errors import StartupError
 from ._logging import quiet_kafka_connections
 from .delivery import Delivery, JudgementSink
 from .emit.prometheus import ConsumerInstruments, family_total
@@ -35,11 +35,11 @@ if TYPE_CHECKING:
 from .sampling import Sampler
 from .settings import RECONNECT_BACKOFF_MAX_MS, Settings
 from .streams.assembler import Assembler
-from .streams.batch_store import KafkaBatchStore, batches_topic, ensure_batches_topic
+from .streams.batch_store import KafkaBatchStore, batches_topic_spec
 from .streams.instruments import StreamsInstruments
 from .streams.judge_worker import JudgeWorker
 from .streams.membership import PartitionlessMember
-from .streams.topics import InternalTopics, ensure_internal_topics, partitions_of
+from .streams.topics import InternalTopics, TopicLayout, ensure_internal_topics, ensure_topics, partitions_of
 
 logger = logging.getLogger("tracejudge.consumer")
 LAG_INTERVAL_S = 0.5
@@ -59,12 +59,6 @@ def outcome_summary(prometheus: ConsumerInstruments) -> str:
         f"{count['judged']} conversations judged, {count['failed']} failed, {count['sampled_out']} sampled out, "
         f"{count['skipped_budget']} skipped for budget in this run"
     )
-
-
-class StartupError(ConsumerError):
-    """The command cannot start for a reason the user can fix: the CLI prints it as one line and exits `exit_code`."""
-
-    exit_code = 1
 
 
 class KafkaUnreachable(StartupError):
@@ -128,6 +122,7 @@ class ConsumerService:
         prometheus.record_judges(self.pool.judges)  # tracejudge_judge_info: whoever builds the service
         self.instruments = StreamsInstruments(prometheus.registry)
         self.topics = InternalTopics(settings.group_id)
+        self.topic_layout = TopicLayout(settings.replication_factor, settings.internal_topic_config)
         self.assembler: Assembler | None = None
         self.judge_worker: JudgeWorker | None = None
         self.batch_store: KafkaBatchStore | None = None
@@ -187,7 +182,7 @@ class ConsumerService:
 
     def _ensure_topics(self, partitions: int) -> None:
         with self._admin() as admin:
-            ensure_internal_topics(admin, self.topics, partitions)
+            ensure_internal_topics(admin, self.topics, partitions, self.topic_layout)
 
     # -- run -------------------------------------------------------------------------------------------------------
 
@@ -271,7 +266,7 @@ class ConsumerService:
         if not coordinators:
             return
         with self._admin() as admin:
-            ensure_batches_topic(admin, batches_topic(self.settings.group_id))
+            ensure_topics(admin, [batches_topic_spec(self.settings.group_id)], self.topic_layout)
         store = KafkaBatchStore(
             self.settings, consumer_factory=self.consumer_factory, producer_factory=self.producer_factory
         )

@@ -189,6 +189,24 @@ class Settings(BaseSettings):
         repeatable=True,
         group=KAFKA,
     )
+    replication_factor: int | None = _env(
+        "TRACEJUDGE_REPLICATION_FACTOR",
+        None,
+        "replication factor of the internal topics the consumer creates (none: the cluster's "
+        "default.replication.factor, as Kafka Streams)",
+        metavar="N",
+        see="deployment.md#a-managed-kafka-cluster",
+        group=KAFKA,
+    )
+    internal_topic_config: Annotated[dict[str, str], NoDecode] = _env(
+        "TRACEJUDGE_INTERNAL_TOPIC_CONFIG",
+        {},
+        "a setting of every internal topic the consumer creates, e.g. min.insync.replicas=2 (repeatable)",
+        metavar="KEY=VALUE",
+        repeatable=True,
+        see="deployment.md#a-managed-kafka-cluster",
+        group=KAFKA,
+    )
     window_sessions: int = _env(
         "TRACEJUDGE_WINDOW_SESSIONS", 100, "rates cover each agent's last N judged conversations", group=OUTPUTS
     )
@@ -399,6 +417,21 @@ class Settings(BaseSettings):
             pairs = {k: _coerce(v) for k, v in parse_pairs(value, "Kafka option").items()}
         check_kafka_options(pairs, set(KafkaConsumer.DEFAULT_CONFIG) | set(KafkaProducer.DEFAULT_CONFIG))
         return pairs
+
+    @field_validator("internal_topic_config", mode="before")
+    @classmethod
+    def _internal_topic_config(cls, value: Any) -> dict[str, str]:
+        pairs = parse_pairs(value, "internal topic setting")
+        if "cleanup.policy" in pairs:  # the changelog must be compacted, the queues must not: tracejudge decides it
+            raise ValueError("cleanup.policy is set per internal topic by tracejudge; leave it out")
+        return pairs
+
+    @field_validator("replication_factor")
+    @classmethod
+    def _replication_factor(cls, value: int | None) -> int | None:
+        if value is not None and value < 1:
+            raise ValueError(f"must be at least 1 (leave it unset for the cluster's default), got {value}")
+        return value
 
     @field_validator("otlp_endpoint")
     @classmethod

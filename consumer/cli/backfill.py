@@ -41,9 +41,11 @@ ESTIMATED_OUTPUT_TOKENS = 200
 
 
 # Consumer flags that mean nothing to backfill: no group or commits, no /metrics served (its registry is discarded),
-# no backpressure (the range is read once), its own --sample-rate, and no calibrated rates.
+# no backpressure (the range is read once), its own --sample-rate, no calibrated rates, and no internal topics.
 BACKFILL_SKIPS = (
     "group_id",
+    "replication_factor",
+    "internal_topic_config",
     "start_from",
     "sample_rate",
     "calibration",

@@ -477,11 +477,11 @@ def given_kafka_config(namespace: argparse.Namespace) -> dict[str, Any]:
 
 
 def _create_topic(bootstrap: str, topic: str) -> None:
-    from kafka.admin import KafkaAdminClient, NewTopic
+    from kafka.admin import KafkaAdminClient
 
     admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="tracejudge-demo")
-    try:
-        admin.create_topics([NewTopic(topic, 3, 1)])
+    try:  # replication factor -1: the cluster's default.replication.factor
+        admin.create_topics({topic: {"num_partitions": 3, "replication_factor": -1}})
     finally:
         admin.close()
 

@@ -54,7 +54,10 @@ class AgentLabels:
 
 class _Windows(Collector):
     """tracejudge_hallucination_rate and tracejudge_flow_score: per agent, the last N judged conversations,
-    limited to the last T seconds, computed at scrape time so an idle agent's window still ages out."""
+    limited to the last T seconds, computed at scrape time so an idle agent's window still ages out.
+
+    Each process's own window: with several judge workers each shows its share of the verdicts. The deployment's
+    rates come from counters summed across replicas (the recording rules in deploy/prometheus/alerts.yml)."""
 
     def __init__(self, window_sessions: int, window_seconds: float) -> None:
         self.window_sessions = window_sessions
@@ -135,19 +138,22 @@ class _Windows(Collector):
         hallucination, flow = self.values()
         yield _gauge(
             "tracejudge_hallucination_rate",
-            "Share of Failure Rate verdicts that are hallucination over the agent's recent judged conversations",
+            "This process's share of Failure Rate verdicts that are hallucination over the agent's recent judged "
+            "conversations (per process; across replicas: agent:tracejudge_hallucination_share:ratio10m)",
             ["agent"],
             {(agent,): value for agent, value in hallucination.items()},
         )
         yield _gauge(
             "tracejudge_flow_score",
-            "Mean Conversational Flow score over the agent's recent judged conversations",
+            "This process's mean Conversational Flow score over the agent's recent judged conversations (per "
+            "process; across replicas: agent:tracejudge_flow_score:mean15m)",
             ["agent"],
             {(agent,): value for agent, value in flow.items()},
         )
         yield _gauge(
             "tracejudge_judge_human_agreement",
-            "Share of conversations with feedback where the judge's pass/fail agrees with the human's up/down",
+            "This process's share of conversations with feedback where the judge's pass/fail agrees with the "
+            "human's up/down (per process; across replicas: agent_metric:tracejudge_judge_human_agreement:ratio1h)",
             ["agent", "metric"],
             self.agreement(),
         )
@@ -177,9 +183,10 @@ class _CorrectedHallucinationRates(Collector):
             for agent, (positives, n) in self.windows.hallucination_counts().items()
         }
         helps = (
-            "Hallucination share corrected for judge error (Rogan-Gladen) over the same window as the raw rate",
-            "Lower end of the corrected hallucination share's 95% interval (window size and calibration counts)",
-            "Upper end of the corrected hallucination share's 95% interval (window size and calibration counts)",
+            "This process's hallucination share corrected for judge error (Rogan-Gladen) over the same window as "
+            "its raw rate (per process)",
+            "Lower end of this process's corrected hallucination share's 95% interval (per process)",
+            "Upper end of this process's corrected hallucination share's 95% interval (per process)",
         )
         for name, documentation, field in zip(self.NAMES, helps, ("estimate", "lower", "upper"), strict=True):
             yield _gauge(name, documentation, ["agent"], {(agent,): getattr(r, field) for agent, r in rates.items()})
@@ -313,6 +320,13 @@ class ConsumerInstruments:
         self.feedback = Counter(
             "tracejudge_feedback_total", "Human feedback by polarity", ["agent", "feedback"], registry=registry
         )
+        self.comparisons = Counter(
+            "tracejudge_judge_human_comparisons_total",
+            "Conversations with human feedback whose judge pass/fail was compared with it (agreement across "
+            "replicas: 1 - disagreements / comparisons, summed)",
+            ["agent", "metric"],
+            registry=registry,
+        )
         self.disagreements = Counter(
             "tracejudge_judge_human_disagreements_total",
             "Conversations where the judge's pass/fail and the human's feedback disagree",
@@ -353,6 +367,10 @@ class ConsumerInstruments:
                 self.conversations.labels(agent=label, outcome=outcome)
             for polarity in ("positive", "negative"):
                 self.feedback.labels(agent=label, feedback=polarity)
+            for metric in VERDICTS:  # 0 until compared: the pooled agreement's ratio has both sides
+                self.comparisons.labels(agent=label, metric=metric)
+                for judge, human in (("pass", "fail"), ("fail", "pass")):
+                    self.disagreements.labels(agent=label, metric=metric, judge=judge, human=human)
         return label
 
     def record_judges(self, judges: Iterable[Any]) -> None:
@@ -424,6 +442,7 @@ class ConsumerInstruments:
     def record_agreement(self, agreement: Agreement) -> None:
         agent = self._agent(agreement.agent)
         self.windows.add_agreement(agent, agreement.metric, agreement.agrees)
+        self.comparisons.labels(agent=agent, metric=agreement.metric).inc()
         if not agreement.agrees:
             self.disagreements.labels(
                 agent=agent,

@@ -14,11 +14,10 @@ from collections.abc import Callable
 from typing import Any
 
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
-from kafka.admin import KafkaAdminClient, NewTopic
-from kafka.errors import TopicAlreadyExistsError
 
 from ..settings import Settings
 from . import records as R
+from .topics import COMPACT, TopicSpec
 
 logger = logging.getLogger("tracejudge.consumer.batches")
 BATCH = "batch"
@@ -28,12 +27,9 @@ def batches_topic(group_id: str) -> str:
     return f"{group_id}-judge-batches"
 
 
-def ensure_batches_topic(admin: KafkaAdminClient, topic: str) -> None:
-    try:
-        admin.create_topics([NewTopic(topic, 1, 1, topic_configs={"cleanup.policy": "compact"})])
-        logger.info("created internal topic %s", topic)
-    except TopicAlreadyExistsError:
-        pass
+def batches_topic_spec(group_id: str) -> TopicSpec:
+    """One compacted partition: every replica reads all of it (created with the other internal topics' layout)."""
+    return TopicSpec(batches_topic(group_id), 1, COMPACT)
 
 
 class KafkaBatchStore:

@@ -98,6 +98,10 @@ def test_agreement_and_disagreements(broker: EmbeddedBroker, topic: str, judge_s
         wait_for(lambda: disagreements("fail", "pass") == 1, what="the late disagreement")
         assert disagreements("pass", "fail") == 1
         assert consumer.value("tracejudge_judge_human_agreement", agent="support", metric="failure_rate") == 0.5
+        # The counters the recording rule pools across replicas give the same: 1 - disagreements / comparisons.
+        comparisons = consumer.value("tracejudge_judge_human_comparisons_total", agent="support", metric="failure_rate")
+        assert comparisons == 4
+        assert 1 - (disagreements("pass", "fail") + disagreements("fail", "pass")) / comparisons == 0.5
         assert consumer.value("tracejudge_feedback_total", agent="support", feedback="positive") == 2
         assert consumer.value("tracejudge_feedback_total", agent="support", feedback="negative") == 2
     provider.shutdown()

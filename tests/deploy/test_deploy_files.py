@@ -17,6 +17,7 @@ from tests.conftest import missing_part, require_binary
 from tracejudge.consumer.emit.prometheus import ConsumerInstruments
 from tracejudge.consumer.feedback import Agreement
 from tracejudge.consumer.judgement import Judgement
+from tracejudge.consumer.streams.instruments import StreamsInstruments
 from tracejudge.metrics import FailureRateMetric, MetricResult
 from tracejudge.metrics.calibration import HallucinationCalibration
 
@@ -85,6 +86,8 @@ def exported_metric_names() -> set[str]:
     instruments.canary.errors.labels(metric="failure_rate", reason="timeout").inc()
     shadow = MetricResult(name="failure_rate", verdict="hallucination", score=0.0, threshold=0.7, model="s")
     instruments.record_judgement(Judgement(job("e"), "judged", [result], shadow_results=[shadow, error]))
+    streams = StreamsInstruments(registry)  # the Kafka runtime's series (TracejudgeJudgeStalled reads the queue lag)
+    streams.judge_queue_lag.labels(partition="0").set(1)
     return {sample.name for family in registry.collect() for sample in family.samples}
 
 
@@ -152,8 +155,9 @@ def test_dashboard_covers_what_users_watch() -> None:
     board = dashboard()
     text = json.dumps(board)
     for needle in (
-        "tracejudge_hallucination_rate",
-        "tracejudge_flow_score",
+        "agent:tracejudge_hallucination_share:ratio10m",
+        "agent:tracejudge_flow_score:mean15m",
+        "agent_metric:tracejudge_judge_human_agreement:ratio1h",
         "tracejudge_verdicts_total",
         "tracejudge_sessions_total",
         "histogram_quantile(0.95",
@@ -173,6 +177,29 @@ def test_dashboard_covers_what_users_watch() -> None:
     assert "ALERTS" in board["annotations"]["list"][0]["expr"]
     ids = [p["id"] for p in board["panels"]]
     assert len(ids) == len(set(ids))
+
+
+PER_PROCESS_GAUGES = ("tracejudge_hallucination_rate", "tracejudge_flow_score", "tracejudge_judge_human_agreement")
+
+
+def test_dashboard_and_alerts_read_rates_pooled_across_replicas() -> None:
+    """The per-process windows are one judge worker's share each: no alert and no per-agent panel reads them (they
+    read the recording rules, counters summed across replicas), and their help text says they are per process."""
+    rules = yaml.safe_load((DEPLOY / "prometheus" / "alerts.yml").read_text())
+    expressions = [r["expr"] for g in rules["groups"] for r in g["rules"]]
+    for panel in dashboard()["panels"]:  # a panel may show them only as what they are: one line per judge worker
+        if "Per judge worker" not in panel.get("description", ""):
+            expressions += [t["expr"] for t in panel.get("targets", [])]
+    for expr in expressions:
+        assert not metric_names_in(expr) & set(PER_PROCESS_GAUGES), expr
+    helps = {m.name: m.documentation for m in ConsumerInstruments(CollectorRegistry()).registry.collect()}
+    for name in PER_PROCESS_GAUGES:
+        assert "per process" in helps[name], helps[name]
+    stalled = next(r for g in rules["groups"] for r in g["rules"] if r.get("alert") == "TracejudgeJudgeStalled")
+    # Submissions are counted by assemblers, answers by judge workers: never joined per instance.
+    for clause in stalled["expr"].split("or on ()"):
+        if "by (instance)" in clause:
+            assert "tracejudge_conversations_submitted_total" not in clause, clause
 
 
 def compose() -> dict[str, Any]:

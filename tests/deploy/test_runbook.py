@@ -52,14 +52,14 @@ def test_every_alert_section_of_the_runbook_is_an_alert() -> None:
 
 
 def test_the_stall_alert_is_in_the_rules_with_the_exported_metric_names() -> None:
-    """TracejudgeJudgeStalled reads what the consumer exports: arrivals, submissions, verdicts and judge errors."""
+    """TracejudgeJudgeStalled reads what the consumer exports: the judge workers' queue lag, calls in flight and
+    answers (outcomes, judge errors), the assemblers' submissions."""
     stalled = next(alert for alert in alerts() if alert["alert"] == "TracejudgeJudgeStalled")
     for name in (
-        "tracejudge_records_total",
-        "tracejudge_consumer_lag",
+        "tracejudge_judge_queue_lag",
+        "tracejudge_judgements_in_flight",
         "tracejudge_conversations_submitted_total",
         "tracejudge_sessions_total",
-        "tracejudge_verdicts_total",
         "tracejudge_judge_errors_total",
     ):
         assert name in stalled["expr"], name
