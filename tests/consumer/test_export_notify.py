@@ -214,3 +214,46 @@ def test_a_refusing_endpoint_gets_every_event_late_and_slows_no_judgement(
         ids = [json.loads(d.body)["id"] for d in receiver.accepted()]
         assert len(ids) == 7 and len(set(ids)) == 7
         assert consumer.value("tracejudge_notifications_total", outcome="given_up") == 0
+
+
+def test_a_restart_that_replays_the_judged_conversations_notifies_none_twice(
+    broker: EmbeddedBroker, topic: str, judge_server: JudgeServer, tmp_path: Path
+) -> None:
+    """Real `tracejudge consume` processes. No commit is made (--commit-interval 3600) and the first is killed -9
+    after its 7 deliveries: the second replays every judge job, re-judges it (the same result ids), and the
+    delivered ids it read back from `<group>-notifications` keep it from notifying any of them again."""
+    from tests.reliability.test_state_windows import Replica
+
+    judge_server.responder = scripted()
+    results, group = f"{topic}-results", f"tj-{topic}"
+    broker.create_topic(results, 1)
+    with WebhookReceiver() as receiver:
+        env = {
+            "TRACEJUDGE_NOTIFY_URL": receiver.url,
+            "TRACEJUDGE_NOTIFY_SECRET": SECRET,
+            "TRACEJUDGE_COMMIT_INTERVAL": "3600",
+            "TRACEJUDGE_SESSION_IDLE_TIMEOUT": "30",
+        }
+        first = Replica(broker, topic, group, results, tmp_path / "first.log", **env)
+        try:
+            first.ready()
+            play(traced_app(broker.bootstrap_servers, topic), conversations())
+            wait_for(lambda: first.metric("tracejudge_notifications_total", outcome="delivered") == 7, 120, "7 sent")
+            assert first.metric("tracejudge_sessions_total", outcome="judged") == COUNT
+        finally:
+            first.stop("kill")
+        judged_before = len(judge_server.requests)
+        second = Replica(broker, topic, group, results, tmp_path / "second.log", **env)
+        try:
+            wait_for(
+                lambda: second.metric("tracejudge_notifications_total", outcome="duplicate") == 7,
+                180,
+                "the replayed hallucinations recognised as delivered",
+            )
+            assert len(judge_server.requests) >= judged_before + COUNT  # the replay was judged again
+            assert second.metric("tracejudge_notifications_total", outcome="delivered") == 0
+        finally:
+            second.stop()
+    ids = [json.loads(d.body)["id"] for d in receiver.accepted()]
+    assert len(ids) == 7 and len(set(ids)) == 7
+    assert all(verify(SECRET, d.body, d.headers[SIGNATURE_HEADER.lower()]) for d in receiver.accepted())
