@@ -6,8 +6,9 @@ HMAC-SHA256 when a secret is set. `emit` only queues: one delivery thread posts,
 `retry_for` seconds, so a failing endpoint slows no judgement, and holds a conversation's commit (the events `emit`
 returns) no longer than that. At least once: a verdict whose POST did not succeed keeps its conversation uncommitted,
 so a restart sends it again. Never twice for one result id in a process; across restarts the delivered ids are kept
-in a compacted topic (`<group>-notifications`, read back at start), so a replay after a crash is not sent again
-either (only a POST that succeeded in the moment before a kill -9 can be repeated: the receiver can dedupe on `id`).
+in a compacted topic (`<group>-notifications`, read back at start and followed while running, so what another
+replica delivered is known here after a rebalance), so a replay after a crash is not sent again either (only a POST
+that succeeded in the moment before a kill -9 can be repeated: the receiver can dedupe on `id`).
 Per agent a token bucket (`rate_per_minute`) holds back the excess, counted; the agent's next event says how many.
 """
 
@@ -153,32 +154,48 @@ class DeliveredIds:
             admin.close()
 
     def load(self) -> set[tuple[str, str]]:
+        """Every (result id, url) delivered so far, read to the topic's end; the reader stays open for `follow`."""
         from kafka import KafkaConsumer, TopicPartition
 
-        consumer = KafkaConsumer(
+        self._reader = consumer = KafkaConsumer(
             bootstrap_servers=self.bootstrap_servers, **{**self.consumer_config, "enable_auto_commit": False}
         )
         ids: set[tuple[str, str]] = set()
+        partitions = consumer.partitions_for_topic(self.topic) or set()
+        assigned = [TopicPartition(self.topic, p) for p in sorted(partitions)]
+        if not assigned:
+            return ids
+        consumer.assign(assigned)
+        consumer.seek_to_beginning(*assigned)
+        ends = consumer.end_offsets(assigned)
+        idle = 0
+        while idle < 20 and any(consumer.position(tp) < ends[tp] for tp in assigned):
+            batches = consumer.poll(timeout_ms=500)
+            idle = 0 if batches else idle + 1
+            ids.update(_delivered(batches))
+        return ids
+
+    def follow(self, add: Callable[[set[tuple[str, str]]], None], stop: threading.Event) -> None:
+        """Keep reading what the other replicas of the group deliver (a rebalance hands their uncommitted
+        conversations here); on its own thread until `stop`."""
+        consumer = getattr(self, "_reader", None)
+        if consumer is None:
+            return
+        if not consumer.assignment():
+            consumer.close()
+            return
         try:
-            partitions = consumer.partitions_for_topic(self.topic) or set()
-            assigned = [TopicPartition(self.topic, p) for p in sorted(partitions)]
-            if not assigned:
-                return ids
-            consumer.assign(assigned)
-            consumer.seek_to_beginning(*assigned)
-            ends = consumer.end_offsets(assigned)
-            idle = 0
-            while idle < 20 and any(consumer.position(tp) < ends[tp] for tp in assigned):
-                batches = consumer.poll(timeout_ms=500)
-                idle = 0 if batches else idle + 1
-                for batch in batches.values():
-                    for record in batch:
-                        result_id, _, url = (record.key or b"").decode("utf-8", "replace").partition("\x1f")
-                        if url:
-                            ids.add((result_id, url))
+            while not stop.is_set():
+                try:
+                    found = _delivered(consumer.poll(timeout_ms=500))
+                except Exception as exc:  # a broker outage: the in-memory ids still stop duplicates in this process
+                    logger.debug("reading the delivered notifications: %r", exc)
+                    stop.wait(1.0)
+                    continue
+                if found:
+                    add(found)
         finally:
             consumer.close()
-        return ids
 
     def add(self, result_id: str, url: str) -> threading.Event:
         """Key: the result id and the URL (each endpoint gets each result once)."""
@@ -186,6 +203,16 @@ class DeliveredIds:
 
     def close(self, timeout_s: float) -> None:
         self.writer.close(timeout_s)
+
+
+def _delivered(batches: Any) -> set[tuple[str, str]]:
+    found = set()
+    for batch in batches.values():
+        for record in batch:
+            result_id, _, url = (record.key or b"").decode("utf-8", "replace").partition("\x1f")
+            if url:
+                found.add((result_id, url))
+    return found
 
 
 def _admin_options(config: dict[str, Any]) -> dict[str, Any]:
@@ -249,8 +276,18 @@ class Notifier:
                 self._delivered_before = remembered
             if remembered:
                 logger.info("notifications: %d already delivered (not sent again)", len(remembered))
+            threading.Thread(
+                target=self.delivered_ids.follow,
+                args=(self._delivered_elsewhere, self._closing),
+                name="tracejudge-notify-ids",
+                daemon=True,
+            ).start()
         self._thread.start()
         return self
+
+    def _delivered_elsewhere(self, found: set[tuple[str, str]]) -> None:
+        with self._lock:
+            self._delivered_before |= found
 
     def emit(self, judgement: Judgement) -> list[threading.Event]:
         """Queue a notification for every matching production verdict; returns the events set once each is
