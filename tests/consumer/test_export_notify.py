@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 from cloudevents.core.bindings.http import HTTPMessage, from_http_event
 
 from tests.support.judge_server import JudgeServer, Reply, conversation_text, metric_of
@@ -95,6 +96,7 @@ def run_suite(test_file: Path, judge_server: JudgeServer) -> subprocess.Complete
     )
 
 
+@pytest.mark.timeout(900)  # a real consumer, and the generated suite run twice in a subprocess
 def test_export_regression_suite_and_signed_notifications(
     broker: EmbeddedBroker, topic: str, judge_server: JudgeServer, tmp_path: Path
 ) -> None:
@@ -105,6 +107,7 @@ def test_export_regression_suite_and_signed_notifications(
         broker.bootstrap_servers,
         topic,
         metrics="failure_rate",
+        judge_timeout=30.0,
         results_topic=results,
         results_transcript=True,
         notify_url=[],
@@ -116,8 +119,8 @@ def test_export_regression_suite_and_signed_notifications(
         settings = settings.model_copy(update={"notify_url": [receiver.url]})
         with RunningConsumer(settings) as consumer:
             play(traced_app(broker.bootstrap_servers, topic), conversations())
-            wait_for(lambda: consumer.sessions("judged") == COUNT, what="30 judged conversations")
-            wait_for(lambda: len(receiver.accepted()) >= len(hallucinated), what="7 notifications")
+            wait_for(lambda: consumer.sessions("judged") == COUNT, what="30 judged conversations", timeout=180)
+            wait_for(lambda: len(receiver.accepted()) >= len(hallucinated), what="7 notifications", timeout=120)
             wait_for(lambda: consumer.value("tracejudge_notifications_total", outcome="delivered") == 7, what="count")
         records = result_records(broker, results, COUNT)
     seen_by_judge = {conversation_of(r): judged_turns(r) for r in judge_server.requests}
@@ -185,7 +188,7 @@ def test_export_leaves_out_results_without_a_transcript_and_says_so(
     settings = consumer_settings(broker.bootstrap_servers, topic, metrics="failure_rate", results_topic=results)
     with RunningConsumer(settings) as consumer:
         play(traced_app(broker.bootstrap_servers, topic), dict(list(conversations().items())[:5]))
-        wait_for(lambda: consumer.sessions("judged") == 5, what="5 judged conversations")
+        wait_for(lambda: consumer.sessions("judged") == 5, what="5 judged conversations", timeout=120)
     dataset = tmp_path / "out.jsonl"
     argv = ["export", "--bootstrap-servers", broker.bootstrap_servers, "--results-topic", results]
     assert main([*argv, "--verdict", "hallucination", "--output", str(dataset)]) == 0
@@ -193,6 +196,7 @@ def test_export_leaves_out_results_without_a_transcript_and_says_so(
     assert "2 matching results carry no transcript" in capsys.readouterr().err
 
 
+@pytest.mark.timeout(900)  # a real consumer, and the generated suite run twice in a subprocess
 def test_a_refusing_endpoint_gets_every_event_late_and_slows_no_judgement(
     broker: EmbeddedBroker, topic: str, judge_server: JudgeServer
 ) -> None:
@@ -204,7 +208,9 @@ def test_a_refusing_endpoint_gets_every_event_late_and_slows_no_judgement(
         with RunningConsumer(settings) as consumer:
             play(traced_app(broker.bootstrap_servers, topic), conversations())
             # Every conversation is judged while the endpoint refuses: a failing endpoint never holds up judging.
-            wait_for(lambda: consumer.sessions("judged") == COUNT, what="30 judged while the endpoint fails")
+            wait_for(
+                lambda: consumer.sessions("judged") == COUNT, what="30 judged while the endpoint fails", timeout=180
+            )
             wait_for(lambda: receiver.refused() >= 14, what="each notification refused and retried")
             assert receiver.accepted() == []
             assert consumer.value("tracejudge_output_errors_total", output="notify") >= 14
@@ -216,6 +222,7 @@ def test_a_refusing_endpoint_gets_every_event_late_and_slows_no_judgement(
         assert consumer.value("tracejudge_notifications_total", outcome="given_up") == 0
 
 
+@pytest.mark.timeout(900)  # a real consumer, and the generated suite run twice in a subprocess
 def test_a_restart_that_replays_the_judged_conversations_notifies_none_twice(
     broker: EmbeddedBroker, topic: str, judge_server: JudgeServer, tmp_path: Path
 ) -> None:
@@ -238,7 +245,7 @@ def test_a_restart_that_replays_the_judged_conversations_notifies_none_twice(
         try:
             first.ready()
             play(traced_app(broker.bootstrap_servers, topic), conversations())
-            wait_for(lambda: first.metric("tracejudge_notifications_total", outcome="delivered") == 7, 120, "7 sent")
+            wait_for(lambda: first.metric("tracejudge_notifications_total", outcome="delivered") == 7, 240, "7 sent")
             assert first.metric("tracejudge_sessions_total", outcome="judged") == COUNT
         finally:
             first.stop("kill")
@@ -247,7 +254,7 @@ def test_a_restart_that_replays_the_judged_conversations_notifies_none_twice(
         try:
             wait_for(
                 lambda: second.metric("tracejudge_notifications_total", outcome="duplicate") == 7,
-                180,
+                300,
                 "the replayed hallucinations recognised as delivered",
             )
             assert len(judge_server.requests) >= judged_before + COUNT  # the replay was judged again
