@@ -31,6 +31,7 @@ from ._errors import EXIT_USAGE
 from .delivery import JudgementSink
 from .emit import KafkaWriter
 from .emit.acknowledged import AcknowledgingExporter
+from .emit.notify import DeliveredIds, NotificationInstruments, Notifier
 from .emit.otel import OUTPUT as OTLP_OUTPUT
 from .emit.otel import CountedLogExporter, CountedSpanExporter, EvaluationEmitter
 from .emit.prometheus import ConsumerInstruments
@@ -226,8 +227,11 @@ class Outputs:
     results_writer: KafkaWriter | None = None
     tracer_provider: Any = None
     logger_provider: Any = None
+    notifier: Notifier | None = None
 
     def close(self, timeout_s: float = 10.0) -> None:
+        if self.notifier is not None:
+            self.notifier.close(timeout_s)
         if self.results_writer is not None:
             self.results_writer.close(timeout_s)
         flush_providers(self.tracer_provider, self.logger_provider)
@@ -240,8 +244,10 @@ def build_outputs(
     logger_provider: Any = None,
     service_name: str = "tracejudge-consumer",
     on_output_error: Callable[[str], None] | None = None,
+    notifications: NotificationInstruments | None = None,
 ) -> Outputs:
-    """`on_output_error(output)` is called for every failed write (e.g. to count it; the write is retried)."""
+    """`on_output_error(output)` is called for every failed write (e.g. to count it; the write is retried);
+    `notifications`: the notifier's series; without them (backfill) --notify-url is not used."""
     sinks: list[JudgementSink] = []
     acknowledged = False
     if tracer_provider is None and settings.otlp_endpoint:
@@ -265,8 +271,42 @@ def build_outputs(
                 on_error=(lambda: on_output_error("results_topic")) if on_output_error else None,
                 **producer_config,
             ).start()
-        sinks.append(ResultsTopic(results_writer))
-    return Outputs(sinks, results_writer, tracer_provider, logger_provider)
+        sinks.append(ResultsTopic(results_writer, transcript=settings.results_transcript))
+    # Only a live consumer notifies (it passes its series): a backfill's verdicts are past, never a page to anyone.
+    live = notifications is not None and bool(settings.notify_url)
+    notifier = build_notifier(settings, notifications, on_output_error) if live else None
+    if notifier is not None:
+        sinks.append(notifier)
+    return Outputs(sinks, results_writer, tracer_provider, logger_provider, notifier)
+
+
+def build_notifier(
+    settings: Settings,
+    instruments: NotificationInstruments | None,
+    on_output_error: Callable[[str], None] | None = None,
+) -> Notifier:
+    """--notify-url: the notifier, its delivered ids kept in `<group>-notifications` (so a replay is not re-sent)."""
+    producer_config = settings.producer_config()
+    with reaching_kafka(settings.bootstrap_servers, producer_config):
+        writer = KafkaWriter(
+            settings.bootstrap_servers, f"{settings.group_id}-notifications", durable=True, **producer_config
+        ).start()
+    delivered = DeliveredIds(
+        settings.bootstrap_servers, writer.topic, {"enable_auto_commit": False, **settings.consumer_config()}, writer
+    )
+    return Notifier(
+        settings.notify_url,
+        notify_on=settings.notify_on,
+        body_format=settings.notify_format,
+        secret=settings.notify_secret,
+        trace_url_template=settings.trace_url_template,
+        rate_per_minute=settings.notify_rate_limit,
+        retry_for_s=settings.notify_retry_for,
+        source=f"/tracejudge/{settings.group_id}",
+        instruments=instruments,
+        on_error=(lambda: on_output_error("notify")) if on_output_error else None,
+        delivered_ids=delivered,
+    ).start()
 
 
 @dataclass
@@ -338,6 +378,7 @@ def build_app(
             tracer_provider=tracer_provider,
             logger_provider=logger_provider,
             on_output_error=prometheus.record_output_error,
+            notifications=prometheus.notifications,
         )
         sinks = [*(extra_sinks or []), *outputs.sinks]
         service = ConsumerService(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 from datetime import UTC, datetime
 from typing import Any
 
@@ -28,12 +29,27 @@ def _iso(ns: int) -> str | None:
     return datetime.fromtimestamp(min(ns, _MAX_NS) / 1e9, tz=UTC).isoformat()
 
 
-def result_record(judgement: Judgement, result: MetricResult, *, shadow: bool = False) -> dict[str, Any]:
-    """`shadow`: a shadow judge's result (its own id, `shadow: true`); readers of production verdicts skip it."""
+def judged_turns(result: MetricResult) -> list[dict[str, Any]] | None:
+    """The turns exactly as the judge was sent them (redacted, clipped, windowed: `{"turn", "user", "assistant"}`
+    items and at most one `{"omitted": ...}` marker); None when the result has none (no judge call was made)."""
+    if result.transcript is None:
+        return None
+    try:
+        turns = json.loads(result.transcript)
+    except ValueError:
+        return None
+    return turns if isinstance(turns, list) else None
+
+
+def result_record(
+    judgement: Judgement, result: MetricResult, *, shadow: bool = False, transcript: bool = False
+) -> dict[str, Any]:
+    """`shadow`: a shadow judge's result (its own id, `shadow: true`); readers of production verdicts skip it.
+    `transcript` (--results-transcript): the turns as judged go with it, under `transcript`."""
     job = judgement.job
     exchanges = job.exchanges
     content = f"{job.content_id}\x1fshadow\x1f{result.model}" if shadow else job.content_id
-    return {
+    record = {
         "result_id": result_id(job.conversation_id, result.name, content),
         "shadow": shadow,
         "content_id": job.content_id,
@@ -68,3 +84,6 @@ def result_record(judgement: Judgement, result: MetricResult, *, shadow: bool = 
         "conversation_last_turn_at": _iso(exchanges[-1].end_ns),
         "judged_at": datetime.fromtimestamp(judgement.judged_at, tz=UTC).isoformat(),
     }
+    if transcript:
+        record["transcript"] = judged_turns(result)
+    return record

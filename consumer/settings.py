@@ -178,6 +178,15 @@ class Settings(BaseSettings):
     results_topic: str | None = _env(
         "TRACEJUDGE_RESULTS_TOPIC", None, "Kafka topic for one JSON result per judgement (none: off)", group=OUTPUTS
     )
+    results_transcript: bool = _env(
+        "TRACEJUDGE_RESULTS_TRANSCRIPT",
+        False,
+        "keep the conversation as the judge saw it (redacted, windowed) in every results-topic record, for "
+        "`tracejudge export`: up to the judge's window a record (36 KB of English, 64 KB of Cyrillic text), and "
+        "conversation text on the results topic",
+        see="feedback-and-backfill.md#from-a-verdict-to-a-regression-test",
+        group=OUTPUTS,
+    )
     dead_letter_topic: str | None = _env(
         "TRACEJUDGE_DEAD_LETTER_TOPIC", None, "Kafka topic for records that cannot be read (none: off)", group=OUTPUTS
     )
@@ -379,6 +388,58 @@ class Settings(BaseSettings):
         "share of --max-cost-per-hour reserved for the shadow judge (the primary gets the rest), 0..1",
         group=WATCH,
     )
+    notify_url: Annotated[list[str], NoDecode] = _env(
+        "TRACEJUDGE_NOTIFY_URL",
+        [],
+        "POST one notification per matching verdict to this URL (repeatable; comma-separated in the variable)",
+        metavar="URL",
+        repeatable=True,
+        see="feedback-and-backfill.md#notifications-per-verdict",
+        group=OUTPUTS,
+    )
+    notify_on: Annotated[list[str], NoDecode] = _env(
+        "TRACEJUDGE_NOTIFY_ON",
+        ["failure_rate=hallucination"],
+        "the verdicts notified: METRIC=VERDICT, VERDICT (any metric) or METRIC=* (repeatable)",
+        metavar="METRIC=VERDICT",
+        repeatable=True,
+        group=OUTPUTS,
+    )
+    notify_format: Literal["cloudevents", "slack"] = _env(
+        "TRACEJUDGE_NOTIFY_FORMAT",
+        "cloudevents",
+        "the body posted: a CloudEvents 1.0 JSON event (structured mode) or a Slack incoming-webhook message",
+        group=OUTPUTS,
+    )
+    notify_secret: str | None = _env(
+        "TRACEJUDGE_NOTIFY_SECRET",
+        None,
+        "sign each body with HMAC-SHA256 under this key (header X-Tracejudge-Signature: sha256=HEX; prefer the "
+        "variable to the flag, which `ps` shows)",
+        group=OUTPUTS,
+    )
+    trace_url_template: str | None = _env(
+        "TRACEJUDGE_TRACE_URL_TEMPLATE",
+        None,
+        "a link to the judged trace in notifications, e.g. http://tempo:3200/trace/{trace_id}; fields {trace_id}, "
+        "{conversation_id}, {agent}, {result_id}",
+        metavar="URL",
+        group=OUTPUTS,
+    )
+    notify_rate_limit: float = _env(
+        "TRACEJUDGE_NOTIFY_RATE_LIMIT",
+        30.0,
+        "notifications per agent per minute at most; the rest are held back and counted (the next one says how many)",
+        group=OUTPUTS,
+    )
+    notify_retry_for: float = _env(
+        "TRACEJUDGE_NOTIFY_RETRY_FOR",
+        600.0,
+        "seconds a notification is retried with backoff before it is given up (its conversation's commit waits that "
+        "long at most)",
+        metavar="SECONDS",
+        group=OUTPUTS,
+    )
 
     @field_validator("metrics", mode="before")
     @classmethod
@@ -450,6 +511,56 @@ class Settings(BaseSettings):
             raise ValueError(f"{value!r} is not an http(s) URL such as http://otel-collector:4318")
         return value.strip()
 
+    @field_validator("notify_url", "notify_on", mode="before")
+    @classmethod
+    def _listed(cls, value: Any) -> list[str]:
+        items = value if isinstance(value, list | tuple) else str(value or "").split(",")
+        return [str(item).strip() for item in items if str(item).strip()]
+
+    @field_validator("notify_url")
+    @classmethod
+    def _notify_urls(cls, value: list[str]) -> list[str]:
+        from urllib.parse import urlsplit
+
+        for url in value:
+            parts = urlsplit(url)
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                raise ValueError(f"{url!r} is not an http(s) URL such as https://hooks.example.com/tracejudge")
+        return value
+
+    @field_validator("notify_on")
+    @classmethod
+    def _notify_on(cls, value: list[str]) -> list[str]:
+        from tracejudge.metrics import ConversationalFlowRateMetric, FailureRateMetric
+
+        labels = {
+            "failure_rate": set(FailureRateMetric.weights),
+            "conversational_flow": set(ConversationalFlowRateMetric.weights),
+        }
+        for item in value:
+            metric, sep, verdict = item.rpartition("=")
+            if sep and metric not in labels:
+                raise ValueError(f"{item!r}: unknown metric {metric!r}; known: {', '.join(labels)}")
+            known = labels[metric] if sep else set().union(*labels.values())
+            if verdict != "*" and verdict not in known:
+                raise ValueError(f"{item!r}: unknown verdict {verdict!r}; known: {', '.join(sorted(known))}")
+            if verdict == "*" and not sep:
+                raise ValueError(f"{item!r}: name a metric, e.g. failure_rate=*")
+        return value
+
+    @field_validator("trace_url_template")
+    @classmethod
+    def _trace_url_template(cls, value: str | None) -> str | None:
+        if not value:
+            return None
+        try:
+            value.format(trace_id="t", conversation_id="c", agent="a", result_id="r")
+        except (KeyError, IndexError, ValueError) as exc:
+            raise ValueError(
+                f"{value!r}: unknown field {exc}; use {{trace_id}}, {{conversation_id}}, {{agent}}, {{result_id}}"
+            ) from None
+        return value
+
     @field_validator("canary_interval", mode="before")
     @classmethod
     def _canary_interval(cls, value: Any) -> float | None:
@@ -497,6 +608,8 @@ class Settings(BaseSettings):
         for name in (
             "session_idle_timeout",
             "window_seconds",
+            "notify_rate_limit",
+            "notify_retry_for",
             "judge_timeout",
             "state_retention",
             "judge_batch_poll",

@@ -38,7 +38,7 @@ from ._results import (
     MetricResult,
 )
 from ._retries import RetryPolicy, call_with_retries
-from .transcript import DEFAULT_BUDGET_TOKENS, Redactor, render_transcript, user_message
+from .transcript import DEFAULT_BUDGET_TOKENS, END, START, Redactor, render_transcript, user_message
 
 logger = logging.getLogger("tracejudge.metrics")
 DEFAULT_PREPARE_TIMEOUT_S = 30.0  # the built-in redactor does an 8 MB record (the consumer's cap) in about 2 s
@@ -234,6 +234,13 @@ ESTIMATED_ANSWER_TOKENS = 400  # a verdict, its evidence and a reason: what the 
 ESTIMATED_REASONING_TOKENS = 2_000  # a reasoning model's hidden tokens, billed as output (no reasoning_effort is sent)
 
 
+def _transcript_of(messages: list[dict[str, str]]) -> str | None:
+    """The JSON array between the conversation markers of the user message: the turns as the judge saw them."""
+    text = next((m["content"] for m in messages if m.get("role") == "user"), "")
+    start, end = text.find(START), text.rfind(END)
+    return text[start + len(START) : end].strip() if start != -1 and end > start else None
+
+
 class HolisticJudgeMetric:
     """One LLM call over the whole conversation returns one verdict from a fixed label set, mapped to a score."""
 
@@ -412,6 +419,7 @@ class HolisticJudgeMetric:
                 f"{stuck} preparation thread{'s' if stuck != 1 else ''} still running past the deadline",
             )
             return
+        result.transcript = _transcript_of(messages)
         problem = ""
         for round_number in range(2):  # the answer, then at most one corrective retry
             try:

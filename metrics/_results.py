@@ -41,6 +41,9 @@ class MetricResult(BaseModel):
     tier_fallbacks: int = 0  # flex requests refused for capacity and made at the standard tier instead
     error: str | None = None
     error_kind: str | None = None
+    # The conversation exactly as the judge was sent it (redacted, windowed: the JSON array between the markers).
+    # Kept out of dumps and reprs: it is conversation text; the consumer writes it only with --results-transcript.
+    transcript: str | None = Field(default=None, exclude=True, repr=False)
 
     @property
     def failed(self) -> bool:

@@ -28,7 +28,7 @@ from ..conversations import JudgeJob
 from ..judgement import OUTCOME_JUDGED, OUTCOME_SAMPLED_OUT, OUTCOME_SKIPPED_BUDGET, Judgement
 from ..pipeline import Pipeline
 from ..results import result_id
-from .options import EXIT_USAGE, WATCH_OPTIONS, add_consumer_flags, field_help, settings_from_args
+from .options import EXIT_USAGE, NOTIFY_OPTIONS, WATCH_OPTIONS, add_consumer_flags, field_help, settings_from_args
 
 logger = logging.getLogger("tracejudge.backfill")
 # Timestamps within a partition are only roughly ordered (several producers): read this far past --to.
@@ -57,6 +57,7 @@ BACKFILL_SKIPS = (
     "max_open_conversations",
     "commit_interval",
     *WATCH_OPTIONS,
+    *NOTIFY_OPTIONS,
 )
 
 

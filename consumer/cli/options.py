@@ -92,9 +92,20 @@ WATCH_OPTIONS = (
     "shadow_budget_share",
 )
 
+# Notifications per verdict are the live consumer's: a backfill never notifies.
+NOTIFY_OPTIONS = (
+    "notify_url",
+    "notify_on",
+    "notify_format",
+    "notify_secret",
+    "trace_url_template",
+    "notify_rate_limit",
+    "notify_retry_for",
+)
+
 
 def shown_default(value: Any) -> str:
-    if value is None or value == {}:
+    if value is None or value == {} or value == []:
         return "none"
     if isinstance(value, bool):
         return "on" if value else "off"

@@ -1,4 +1,4 @@
-"""`tracejudge` command line: consume, demo, backfill, calibrate, compare, broker; one module per command.
+"""`tracejudge` command line: consume, demo, backfill, calibrate, compare, export, broker; one module per command.
 
 Invalid configuration: one clear line and exit code 2, before any I/O. What stops a start that the user can fix (a
 metrics port in use: 2; Kafka not answering within `bootstrap_timeout_ms`: 69) is one line too, never a traceback.
@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError, version
 
-from . import backfill, broker, calibrate, compare, demo
+from . import backfill, broker, calibrate, compare, demo, export
 from .consume import calibration_refused, run_consume
 from .options import EXIT_USAGE, add_consumer_flags, settings_from_args
 
@@ -73,6 +73,12 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_arguments(compare_parser)
     add_consumer_flags(compare_parser, only=compare.COMPARE_OPTIONS)
     compare_parser.set_defaults(handler=compare.run_compare)
+    export_parser = commands.add_parser(
+        "export", help="the conversations behind chosen verdicts, as a dataset and a regression suite"
+    )
+    export.add_arguments(export_parser)
+    add_consumer_flags(export_parser, only=export.EXPORT_OPTIONS)
+    export_parser.set_defaults(handler=export.run_export)
     # `tracejudge broker`: a local Kafka in one command for the quickstart.
     broker_parser = commands.add_parser("broker", help="a local Kafka (the embedded Tansu) on 127.0.0.1 until Ctrl-C")
     broker.add_arguments(broker_parser)

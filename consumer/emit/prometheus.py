@@ -21,6 +21,7 @@ from tracejudge.metrics.failure_rate import FAILURE_RATE_WEIGHTS
 from ..feedback import Agreement
 from ..judgement import OUTCOME_SAMPLED_OUT, OUTCOMES, Judgement
 from .judge_watch import PURPOSE_LIVE, PURPOSE_SHADOW, CanaryInstruments, ShadowInstruments
+from .notify import NotificationInstruments
 
 OTHER_AGENT = "_other"
 FAILURE_RATE = "failure_rate"
@@ -349,11 +350,12 @@ class ConsumerInstruments:
         )
         for outcome in ("ok", "malformed"):
             self.records.labels(outcome=outcome)
-        for output in ("results_topic", "dead_letter", "otlp", "sink"):
+        for output in ("results_topic", "dead_letter", "otlp", "sink", "notify"):
             self.output_errors.labels(output=output)
         self._seen_agents: set[str] = set()
         self.canary = CanaryInstruments(registry)
         self.shadow = ShadowInstruments(registry, window_sessions=window_sessions, window_seconds=window_seconds)
+        self.notifications = NotificationInstruments(registry)
 
     def _agent(self, agent: str) -> str:
         label = self.agent_label(agent)

@@ -1,0 +1,354 @@
+"""`tracejudge export`: the conversations behind chosen verdicts, as a dataset and a regression suite.
+
+Read from the results topic (no group, no commits): a record carries its conversation's turns as the judge saw them
+(redacted, clipped, windowed) when the consumer runs with `--results-transcript`; records without them are counted
+and said, never exported half. One JSON line per conversation (its latest judged transcript that matches), shaped as
+the seeds' `ConversationalEvalTestCase` (`name`, `turns`) with the verdict, reason, evidence, model, rubric version,
+result id and trace id; `tracejudge.metrics.dataset.load_conversations(path)` reads it back. `--pytest` writes a test
+module that re-judges each of them (see REGRESSION_SUITE).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from os.path import relpath
+from pathlib import Path
+from typing import Any
+
+from ..gold import LABELS
+
+EXIT_OK, EXIT_USAGE = 0, 2
+EXPORT_OPTIONS = frozenset({"bootstrap_servers", "results_topic", "kafka_config", "log_level", "log_format"})
+
+
+class ExportError(ValueError):
+    """A usage error: one line on stderr, exit 2."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--verdict",
+        action="append",
+        default=None,
+        metavar="LABEL[,LABEL]",
+        help="only these verdicts, e.g. hallucination,stall (repeatable; default every verdict)",
+    )
+    parser.add_argument(
+        "--metric", action="append", default=None, choices=sorted(LABELS), help="only this metric (default all)"
+    )
+    parser.add_argument("--agent", default=None, help="only this agent's conversations (default all)")
+    parser.add_argument(
+        "--from", dest="start", default=None, metavar="TIME", help="judged at or after (ISO 8601 or Unix seconds)"
+    )
+    parser.add_argument("--to", dest="end", default=None, metavar="TIME", help="judged before: as --from")
+    parser.add_argument(
+        "--limit", type=int, default=None, metavar="N", help="at most N conversations, the latest judged"
+    )
+    parser.add_argument(
+        "--include-shadow",
+        action="store_true",
+        help="also the shadow judge's verdicts (default: production verdicts only)",
+    )
+    parser.add_argument(
+        "--output", required=True, metavar="PATH.jsonl", help="the dataset: one JSON line a conversation"
+    )
+    parser.add_argument(
+        "--pytest",
+        default=None,
+        metavar="test_PATH.py",
+        help="also write a pytest module that re-judges every exported conversation (default not written)",
+    )
+
+
+@dataclass
+class Selection:
+    verdicts: set[str] | None = None
+    metrics: list[str] | None = None
+    agent: str | None = None
+    start: datetime | None = None
+    end: datetime | None = None
+    limit: int | None = None
+    include_shadow: bool = False
+
+
+@dataclass
+class Export:
+    lines: list[dict[str, Any]] = field(default_factory=list)
+    records: int = 0  # results-topic records read
+    matched: int = 0  # distinct results that matched the selection
+    without_transcript: int = 0  # matched results written without --results-transcript (not exported)
+
+
+def _judged_at(record: dict[str, Any]) -> datetime | None:
+    try:
+        moment = datetime.fromisoformat(str(record.get("judged_at")))
+    except ValueError:
+        return None
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
+def _matches(record: dict[str, Any], selection: Selection) -> bool:
+    if record.get("verdict") is None or record.get("error") is not None:
+        return False
+    if record.get("shadow") and not selection.include_shadow:
+        return False
+    if selection.verdicts is not None and record["verdict"] not in selection.verdicts:
+        return False
+    if selection.metrics and record.get("metric") not in selection.metrics:
+        return False
+    if selection.agent is not None and record.get("agent") != selection.agent:
+        return False
+    if selection.start is not None or selection.end is not None:
+        judged = _judged_at(record)
+        if judged is None:
+            return False
+        if (selection.start is not None and judged < selection.start) or (
+            selection.end is not None and judged >= selection.end
+        ):
+            return False
+    return True
+
+
+def turns_of(transcript: list[Any]) -> tuple[list[dict[str, str]], int]:
+    """The judged transcript's turns as test-case turns, and how many the judge's window omitted."""
+    turns: list[dict[str, str]] = []
+    omitted = 0
+    for item in transcript:
+        if not isinstance(item, dict):
+            continue
+        if "omitted" in item:
+            digits = "".join(ch for ch in str(item["omitted"]) if ch.isdigit())
+            omitted += int(digits) if digits else 0
+            continue
+        turns.append({"input": str(item.get("user") or ""), "actual_output": str(item.get("assistant") or "")})
+    return turns, omitted
+
+
+_RESULT_KEYS = ("metric", "verdict", "score", "reason", "evidence", "model", "rubric_version", "result_id", "shadow")
+
+
+def select(records: Sequence[dict[str, Any]], selection: Selection) -> Export:
+    """One line per conversation: its latest matching transcript (highest version, then latest judged), with every
+    matching result of that transcript; a result written twice (a replay: the same result id) counts once."""
+    export = Export(records=len(records))
+    seen: set[str] = set()
+    by_transcript: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for record in records:
+        result_id = record.get("result_id")
+        if not isinstance(result_id, str) or result_id in seen or not _matches(record, selection):
+            continue
+        seen.add(result_id)
+        export.matched += 1
+        if not isinstance(record.get("transcript"), list):
+            export.without_transcript += 1
+            continue
+        key = (str(record.get("conversation_id")), str(record.get("content_id")))
+        by_transcript.setdefault(key, []).append(record)
+    latest: dict[str, list[dict[str, Any]]] = {}
+    for (conversation_id, _content), results in by_transcript.items():
+        current = latest.get(conversation_id)
+        if current is None or _order(results) > _order(current):
+            latest[conversation_id] = results
+    chosen = sorted(latest.values(), key=_order, reverse=True)
+    if selection.limit is not None:
+        chosen = chosen[: selection.limit]
+    metric_order = {name: i for i, name in enumerate(selection.metrics or sorted(LABELS))}
+    for results in sorted(chosen, key=_order):  # oldest first in the file
+        results.sort(key=lambda r: (metric_order.get(str(r.get("metric")), 99), bool(r.get("shadow"))))
+        export.lines.append(line_of(results))
+    return export
+
+
+def _order(results: list[dict[str, Any]]) -> tuple[int, str]:
+    first = results[0]
+    version = first.get("version")
+    return (version if isinstance(version, int) else 0, str(max(str(r.get("judged_at")) for r in results)))
+
+
+def line_of(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """A ConversationalEvalTestCase's keys (`name`, `turns`) and the first result's verdict at the top level; every
+    matching result of this transcript under `results`."""
+    first = results[0]
+    turns, omitted = turns_of(first["transcript"])
+    line: dict[str, Any] = {
+        "name": first.get("conversation_id"),
+        "turns": turns,
+        "conversation_id": first.get("conversation_id"),
+        "agent": first.get("agent"),
+        **{key: first.get(key) for key in _RESULT_KEYS},
+        "trace_id": first.get("trace_id"),
+        "content_id": first.get("content_id"),
+        "version": first.get("version"),
+        "turns_omitted": omitted,
+        "judged_at": first.get("judged_at"),
+        "results": [{key: record.get(key) for key in _RESULT_KEYS} for record in results],
+    }
+    return line
+
+
+REGRESSION_SUITE = '''"""Regression suite written by `tracejudge export` ({when}): {count} conversations, {what}.
+
+Each test re-judges one exported conversation, its turns exactly as the production judge saw them (redacted,
+windowed), with the metric that judged it; the judge model is TRACEJUDGE_JUDGE_MODEL (default: the recorded one,
+{models}).
+
+- Re-judging the recorded answers (the default): a test fails when the verdict is no longer the recorded one, i.e.
+  the judge (model, rubric, prompt) no longer judges the conversation as production did.
+- With TRACEJUDGE_REPLAY_AGENT=package.module:function, the user turns are replayed through your agent
+  (`function(history, user_message) -> answer`, sync or async; history: the replayed turns so far, as
+  `EvalTestCase`s) and the new transcript is judged: a test fails while the conversation is still judged as it was,
+  so the suite passes once the changed agent or prompt no longer fails these conversations.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import inspect
+import os
+from pathlib import Path
+
+import pytest
+
+from tracejudge.metrics import ConversationalFlowRateMetric, EvalTestCase, FailureRateMetric, evaluate_conversations
+from tracejudge.metrics.compat import ConversationalEvalTestCase
+from tracejudge.metrics.dataset import load_conversations
+
+DATASET = Path(__file__).parent / {dataset!r}
+CASES = load_conversations(DATASET)
+JUDGES = {{"failure_rate": FailureRateMetric, "conversational_flow": ConversationalFlowRateMetric}}
+REPLAY_AGENT = os.environ.get("TRACEJUDGE_REPLAY_AGENT")
+PARAMS = [(case, result) for case in CASES for result in case.results]
+
+
+def _agent():
+    module, _, name = (REPLAY_AGENT or "").partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def _replayed(case: ConversationalEvalTestCase) -> ConversationalEvalTestCase:
+    agent, history = _agent(), []
+    for turn in case.turns:
+        answer = agent(list(history), turn.input)
+        if inspect.isawaitable(answer):
+            answer = asyncio.run(answer)
+        history.append(EvalTestCase(input=turn.input, actual_output=str(answer)))
+    return ConversationalEvalTestCase(name=case.name, turns=history)
+
+
+@pytest.mark.parametrize(
+    ("case", "recorded"), PARAMS, ids=[f"{{case.name}}-{{result['metric']}}" for case, result in PARAMS]
+)
+def test_conversation(case: ConversationalEvalTestCase, recorded: dict) -> None:
+    judge = JUDGES[recorded["metric"]](os.environ.get("TRACEJUDGE_JUDGE_MODEL", recorded["model"]))
+    conversation = _replayed(case) if REPLAY_AGENT else ConversationalEvalTestCase(name=case.name, turns=case.turns)
+    result = asyncio.run(evaluate_conversations([conversation], [judge]))[0].metrics[0]
+    assert result.error is None, f"no verdict for {{case.name}}: {{result.error}}"
+    rubric = "" if result.rubric_version == recorded["rubric_version"] else (
+        f" (rubric {{result.rubric_version}}, recorded under {{recorded['rubric_version']}})"
+    )
+    if REPLAY_AGENT:
+        assert result.verdict != recorded["verdict"], (
+            f"{{case.name}} (trace {{case.trace_id}}) is still judged {{result.verdict}}{{rubric}}: {{result.reason}}"
+        )
+    else:
+        assert result.verdict == recorded["verdict"], (
+            f"{{case.name}} (trace {{case.trace_id}}) was judged {{recorded['verdict']}} in production, now "
+            f"{{result.verdict}}{{rubric}}: {{result.reason}}"
+        )
+'''
+
+
+def regression_suite(dataset: Path, test_file: Path, export: Export, what: str) -> str:
+    models = sorted({str(r.get("model")) for line in export.lines for r in line["results"]})
+    return REGRESSION_SUITE.format(
+        when=datetime.now(tz=UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        count=len(export.lines),
+        what=what,
+        models=", ".join(models) or "none",
+        dataset=relpath(dataset.resolve(), test_file.resolve().parent),
+    )
+
+
+def _usage(message: str) -> int:
+    print(f"tracejudge export: {message}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def selection_from(namespace: argparse.Namespace) -> Selection:
+    """ExportError for a bad selection."""
+    from .backfill import parse_time
+
+    verdicts = None
+    if namespace.verdict:
+        verdicts = {v.strip() for item in namespace.verdict for v in item.split(",") if v.strip()}
+        known = set().union(*LABELS.values())
+        unknown = sorted(verdicts - known)
+        if unknown:
+            raise ExportError(f"--verdict: unknown {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+    try:
+        start = parse_time(namespace.start) if namespace.start else None
+        end = parse_time(namespace.end) if namespace.end else None
+    except ValueError as exc:
+        raise ExportError(f"invalid time: {exc}") from None
+    if start is not None and end is not None and start >= end:
+        raise ExportError(f"--from ({start.isoformat()}) must be before --to ({end.isoformat()})")
+    if namespace.limit is not None and namespace.limit < 1:
+        raise ExportError(f"--limit must be at least 1, got {namespace.limit}")
+    return Selection(verdicts, namespace.metric, namespace.agent, start, end, namespace.limit, namespace.include_shadow)
+
+
+def run_export(namespace: argparse.Namespace) -> int:
+    """0 (also when nothing matched: said); 2 for a usage error; 69 when Kafka does not answer."""
+    from .._logging import configure_logging
+    from ..service import StartupError
+    from .compare import CompareError, read_results
+    from .options import settings_from_args
+
+    settings = settings_from_args(namespace)
+    try:
+        selection = selection_from(namespace)
+    except ExportError as exc:
+        return _usage(str(exc))
+    if not settings.results_topic:
+        return _usage("--results-topic / TRACEJUDGE_RESULTS_TOPIC is needed: the topic the consumer wrote results to")
+    output = Path(namespace.output)
+    test_file = Path(namespace.pytest) if namespace.pytest else None
+    for path, flag in ((output, "--output"), (test_file, "--pytest")):
+        if path is not None and not path.resolve().parent.is_dir():
+            return _usage(f"{flag}: directory {path.resolve().parent} does not exist")
+    configure_logging(settings.log_level, settings.log_format)
+    try:
+        records = read_results(settings)
+    except CompareError as exc:
+        return _usage(str(exc))
+    except StartupError as exc:
+        print(f"tracejudge export: {exc}", file=sys.stderr)
+        return exc.exit_code
+    export = select(records, selection)
+    try:
+        with output.open("w", encoding="utf-8") as out:
+            for line in export.lines:
+                out.write(json.dumps(line, ensure_ascii=False) + "\n")
+        if test_file is not None:
+            what = ", ".join(sorted(selection.verdicts)) if selection.verdicts else "every verdict"
+            test_file.write_text(regression_suite(output, test_file, export, what), encoding="utf-8")
+    except OSError as exc:
+        return _usage(f"cannot write: {exc.strerror or exc}")
+    print(
+        f"tracejudge export: {len(export.lines)} conversations written to {output} ({export.matched} matching results "
+        f"of {export.records} records read)" + (f"; regression suite {test_file}" if test_file else "")
+    )
+    if export.without_transcript:
+        print(
+            f"tracejudge export: {export.without_transcript} matching results carry no transcript and were left out: "
+            "run the consumer with --results-transcript (TRACEJUDGE_RESULTS_TRANSCRIPT=true) to keep the turns as "
+            "judged with each result",
+            file=sys.stderr,
+        )
+    return EXIT_OK
