@@ -64,6 +64,16 @@ def table(results: dict[str, Any]) -> str:
         )
     ingest = results.get("consumer_ingest")
     if ingest:
+        for label, row in ingest.get("per_record_us", {}).items():
+            for stage in ("protobuf parse", "read_events"):
+                rows.append(
+                    (
+                        f"one record, {label}",
+                        stage,
+                        f"{row[stage]:.1f} µs CPU",
+                        f"{row[stage] / row['protobuf parse']:.1f}x the parse",
+                    )
+                )
         for keyed_by, row in ingest["inputs"].items():
             for name in row["figures"]:
                 rows.append(

@@ -1,12 +1,20 @@
-"""Kafka record → spans: OTLP protobuf (`ExportTraceServiceRequest`, the Collector's `otlp_proto`) or OTLP JSON."""
+"""Kafka record → spans: OTLP protobuf (`ExportTraceServiceRequest`, the Collector's `otlp_proto`) or OTLP JSON.
+
+The consumer's hot path (`read_events`) asks for what a conversation needs only: a protobuf record whose bytes hold
+none of the keys that can make a conversation event (`relevant`) is parsed, so a broken record is still told, and
+then skipped without one span object built (the Collector's HTTP and database spans), and of the resource only
+`service.name` (the agent's last-resort label) is read.
+"""
 
 from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
 from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
@@ -15,6 +23,7 @@ from ._errors import ConsumerError
 
 DEFAULT_MAX_RECORD_BYTES = 8 * 1024 * 1024
 _STATUS_ERROR = 2
+_SERVICE_NAME = "service.name"
 
 
 class MalformedRecord(ConsumerError):
@@ -31,7 +40,7 @@ class DecodedSpan:
     end_ns: int
     attributes: dict[str, Any]
     is_error: bool = False
-    resource: dict[str, Any] = field(default_factory=dict)
+    resource: dict[str, Any] = field(default_factory=dict)  # on the hot path `service.name` only (see above)
     events: list[SpanEvent] = field(default_factory=list)
     scope: str = ""  # the instrumentation scope's name: which library wrote the span (for what-to-set hints)
 
@@ -46,6 +55,8 @@ class SpanEvent:
 
 def _any_value(value: AnyValue) -> Any:
     kind = value.WhichOneof("value")
+    if kind == "string_value":  # nearly every attribute: one branch before the rest
+        return value.string_value
     if kind is None:
         return None
     if kind == "array_value":
@@ -59,14 +70,32 @@ def _attributes(pairs: Any) -> dict[str, Any]:
     return {kv.key: _any_value(kv.value) for kv in pairs}
 
 
-def _decode_protobuf(value: bytes) -> list[DecodedSpan]:
+def _service_only(pairs: Any) -> dict[str, Any]:
+    """Of a resource's attributes, only `service.name`: the one the consumer reads (the agent's last resort)."""
+    found = [kv.value for kv in pairs if kv.key == _SERVICE_NAME]
+    return {_SERVICE_NAME: _any_value(found[-1])} if found else {}  # the last one, as a dict of them all keeps
+
+
+def _holds_spans(request: ExportTraceServiceRequest) -> bool:
+    return any(
+        scope_spans.spans for resource_spans in request.resource_spans for scope_spans in resource_spans.scope_spans
+    )
+
+
+def _decode_protobuf(value: bytes, relevant: Callable[[bytes], bool] | None = None) -> list[DecodedSpan]:
     try:
         request = ExportTraceServiceRequest.FromString(value)
     except (DecodeError, RuntimeError, ValueError) as exc:
         raise MalformedRecord(f"not an OTLP protobuf trace export: {exc}") from exc
+    if relevant is not None and not relevant(value):
+        # Protobuf keeps every key and name as its own UTF-8 bytes: none of them is here, so no span can matter.
+        if not _holds_spans(request):
+            raise MalformedRecord("the record holds no spans")
+        return []
     spans: list[DecodedSpan] = []
     for resource_spans in request.resource_spans:
-        resource = _attributes(resource_spans.resource.attributes)
+        pairs = resource_spans.resource.attributes
+        resource = _attributes(pairs) if relevant is None else _service_only(pairs)
         for scope_spans in resource_spans.scope_spans:
             for span in scope_spans.spans:
                 spans.append(
@@ -81,9 +110,13 @@ def _decode_protobuf(value: bytes) -> list[DecodedSpan]:
                         scope=scope_spans.scope.name,
                         is_error=span.status.code == _STATUS_ERROR,
                         resource=resource,
-                        events=[SpanEvent(e.name, _attributes(e.attributes)) for e in span.events],
+                        events=[SpanEvent(e.name, _attributes(e.attributes)) for e in span.events]
+                        if span.events
+                        else [],
                     )
                 )
+    if not spans:
+        raise MalformedRecord("the record holds no spans")
     return spans
 
 
@@ -121,9 +154,17 @@ def _json_id(value: Any) -> str:
         return base64.b64decode(value).hex()
 
 
+def _json_loads(value: bytes) -> Any:
+    """orjson, and the standard library for what orjson refuses but it reads (NaN, integers past 64 bits)."""
+    try:
+        return orjson.loads(value)
+    except orjson.JSONDecodeError:
+        return json.loads(value)
+
+
 def _decode_json(value: bytes) -> list[DecodedSpan]:
     try:
-        document = json.loads(value)
+        document = _json_loads(value)
         spans: list[DecodedSpan] = []
         for resource_spans in document.get("resourceSpans") or document.get("resource_spans") or []:
             resource = _json_attributes((resource_spans.get("resource") or {}).get("attributes"))
@@ -155,13 +196,21 @@ def _decode_json(value: bytes) -> list[DecodedSpan]:
         raise MalformedRecord(f"not an OTLP JSON trace export: {exc!r}"[:300]) from exc
 
 
-def decode_record(value: bytes | None, *, max_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> list[DecodedSpan]:
-    """Every span in one record; raises MalformedRecord for anything we cannot read (or an empty export)."""
+def decode_record(
+    value: bytes | None, *, max_bytes: int = DEFAULT_MAX_RECORD_BYTES, relevant: Callable[[bytes], bool] | None = None
+) -> list[DecodedSpan]:
+    """Every span in one record; raises MalformedRecord for anything we cannot read (or an empty export).
+
+    With `relevant` (the hot path): none of a protobuf record's spans when it says its bytes cannot matter, and each
+    span's resource as `service.name` alone. JSON may escape a key's letters, so a JSON record is always read whole.
+    """
     if not value:
         raise MalformedRecord("empty record")
     if len(value) > max_bytes:
         raise MalformedRecord(f"record of {len(value)} bytes exceeds the {max_bytes}-byte limit")
-    spans = _decode_json(value) if value[:1] == b"{" else _decode_protobuf(value)
-    if not spans:
-        raise MalformedRecord("the record holds no spans")
-    return spans
+    if value[:1] == b"{":
+        spans = _decode_json(value)
+        if not spans:
+            raise MalformedRecord("the record holds no spans")
+        return spans
+    return _decode_protobuf(value, relevant)

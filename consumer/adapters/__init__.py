@@ -6,6 +6,10 @@ agent its messages or plain text (`_frameworks.py`: never framework state), a ch
 comes first: GenAI messages (attributes, then span events), OpenInference and OpenLLMetry message attributes; raw
 bodies (`input.value`, `traceloop.entity.*`, pydantic-ai's `final_result`) only fill a side that none of those has
 (and, on a model call, only one it wrote no messages for).
+
+The hot path (consumer/conversation/reading.py) works out what a span is and where it goes once (`classify`) and
+hands that to `trace_contexts`, `extract` and `textless_model_call`; a record none of whose bytes is one of
+RECORD_MARKERS cannot make an event or a text-less report and is skipped before any span is built.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from tracejudge.tracer.identity import agent_name, conversation_id, service_name
+from tracejudge.tracer.identity import CONVERSATION_ID_KEYS, agent_name, conversation_id, service_name
 from tracejudge.tracer.semconv import GEN_AI_OPERATION_NAME, OPERATION_INVOKE_AGENT, TURN_INDEX
 
 from ..decode import DecodedSpan
@@ -32,12 +36,16 @@ from ._kinds import (
 )
 
 __all__ = [
+    "RECORD_MARKERS",
+    "Classified",
     "Convention",
     "ConversationEvent",
     "Feedback",
     "TraceContext",
     "Turn",
+    "classify",
     "extract",
+    "may_matter",
     "present_attributes",
     "textless_model_call",
     "trace_contexts",
@@ -75,6 +83,62 @@ _MODEL_CALL_READERS = (openinference.messages, openllmetry.messages, openinferen
 AGENT_STRUCTURED: tuple[Reader, ...] = tuple(r for r in STRUCTURED if r not in _MODEL_CALL_READERS)
 
 
+# Byte strings one of which every key or scope name that can make an event holds: a conversation id's keys (an event
+# needs one, its own or its trace's) and the model-call markers (a text-less model call is reported even without
+# one). OTLP protobuf keeps keys and names as their own UTF-8 bytes, so a record without any of these is skipped
+# unread. The most common first; tests/consumer/test_read_events_golden.py checks they cover every key.
+RECORD_MARKERS: tuple[bytes, ...] = (
+    b"gen_ai.",
+    b"session",
+    b"association.properties.",
+    b"langsmith.metadata.",
+    b"openinference.span.kind",
+    b"llm.request.type",
+    b"ai.operationId",
+    b"langfuse.observation.type",
+    b"mlflow.spanType",
+    b"gcp.vertex.agent",
+    b"strands",
+)
+_MARKED_KEYS = (*CONVERSATION_ID_KEYS, *_conventions.MARKERS)
+
+
+def may_matter(value: bytes) -> bool:
+    """Whether a protobuf record's bytes hold a key that can make a conversation event (False: skip it unread)."""
+    return any(marker in value for marker in RECORD_MARKERS)
+
+
+@dataclass(slots=True)
+class Classified:
+    """What a span is and where it goes, worked out once per span: its kind, its conversation id, its agent names,
+    and (on first asking) the convention that marks it a model call."""
+
+    span: DecodedSpan
+    kind: Kind
+    conversation_id: str | None
+    agent_name: str | None
+    framework_agent: str | None
+    _convention: _conventions.Convention | None = None
+    _convention_known: bool = False
+
+    def convention(self) -> _conventions.Convention | None:
+        """`_conventions.model_call` of the span, worked out once (most spans are judged without asking)."""
+        if not self._convention_known:
+            self._convention, self._convention_known = _conventions.model_call(self.span), True
+        return self._convention
+
+
+def classify(span: DecodedSpan) -> Classified:
+    kind = span_kind(span)
+    return Classified(
+        span=span,
+        kind=kind,
+        conversation_id=conversation_id(span.attributes),
+        agent_name=agent_name(span.attributes),
+        framework_agent=framework_agent(span, kind),
+    )
+
+
 @dataclass(slots=True)
 class TraceContext:
     """What the other spans of a trace in the same record say: a child LLM span without an id or a name of its
@@ -84,11 +148,15 @@ class TraceContext:
     agent: str | None = None
 
 
-def trace_contexts(spans: Iterable[DecodedSpan]) -> dict[str, TraceContext]:
+def trace_contexts(
+    spans: Iterable[DecodedSpan], classified: Iterable[Classified] | None = None
+) -> dict[str, TraceContext]:
+    """`classified`: the spans' `classify`, in the same order, when the caller has them."""
     contexts: dict[str, TraceContext] = {}
-    for span in spans:
-        conversation = conversation_id(span.attributes)
-        agent = agent_name(span.attributes) or framework_agent(span)
+    spans = list(spans)
+    for span, facts in zip(spans, classified if classified is not None else map(classify, spans), strict=True):
+        conversation = facts.conversation_id
+        agent = facts.agent_name or facts.framework_agent
         if conversation is None and agent is None:
             continue
         context = contexts.setdefault(span.trace_id, TraceContext())
@@ -166,15 +234,22 @@ def content(span: DecodedSpan, kind: Kind | None = None) -> Content:
     return found
 
 
-def extract(span: DecodedSpan, traces: dict[str, TraceContext] | None = None) -> ConversationEvent | None:
-    """The span's conversation event; `traces` (from `trace_contexts` over the span's record) lends ids and names."""
+def extract(
+    span: DecodedSpan, traces: dict[str, TraceContext] | None = None, facts: Classified | None = None
+) -> ConversationEvent | None:
+    """The span's conversation event; `traces` (from `trace_contexts` over the span's record) lends ids and names;
+    `facts`: the span's `classify`, when the caller has it."""
     attributes = span.attributes
     context = traces.get(span.trace_id) if traces else None
-    conversation = conversation_id(attributes) or (context.conversation_id if context else None)
+    if facts is None:
+        if conversation_id(attributes) is None and context is None:
+            return None
+        facts = classify(span)
+    conversation = facts.conversation_id or (context.conversation_id if context else None)
     if conversation is None:
         return None
-    own_name = framework_agent(span)
-    named = agent_name(attributes) or own_name or (context.agent if context else None)
+    own_name = facts.framework_agent
+    named = facts.agent_name or own_name or (context.agent if context else None)
     event = ConversationEvent(
         conversation_id=conversation,
         agent=clean_agent(named or service_name(span.resource)),
@@ -182,13 +257,13 @@ def extract(span: DecodedSpan, traces: dict[str, TraceContext] | None = None) ->
         feedback=genai.feedback(span),
         agent_named=named is not None,
     )
-    kind = span_kind(span)
+    kind = facts.kind
     if not (_is_step(span) or kind is Kind.STEP or (kind is Kind.CHAIN and span.parent_span_id)):  # see content()
         found = content(span, kind)
         is_call = (
             _attribute(span, GEN_AI_OPERATION_NAME) in _CALL_OPERATIONS
             or _attribute(span, openinference.SPAN_KIND) == "LLM"
-            or _conventions.model_call(span) is not None
+            or facts.convention() is not None
         )
         # A framework's helper marked as a model call (LlamaIndex's `_prepare_chat_with_tools`) calls no model.
         is_call = (is_call or kind is Kind.MODEL) and not is_state(_attribute(span, "input.value"))
@@ -208,9 +283,11 @@ def extract(span: DecodedSpan, traces: dict[str, TraceContext] | None = None) ->
     return event
 
 
-def textless_model_call(span: DecodedSpan, event: ConversationEvent | None) -> _conventions.Convention | None:
+def textless_model_call(
+    span: DecodedSpan, event: ConversationEvent | None, facts: Classified | None = None
+) -> _conventions.Convention | None:
     """The convention of a span that looks like a model call or an agent run but gave no text (`event`: what
     `extract` made of it), else None: such spans are counted and heard, never dropped in silence."""
     if event is not None and event.turn is not None and event.turn.judgeable:
         return None
-    return _conventions.model_call(span)
+    return facts.convention() if facts is not None else _conventions.model_call(span)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..decode import DecodedSpan
+from ._text import loads
 
 MAX_AGENT_NAME = 128
 
@@ -59,9 +60,10 @@ def clean_agent(value: Any) -> str | None:
     """Agent names come from spans: untrusted, so bounded and printable."""
     if value is None:
         return None
-    text = value if isinstance(value, str) else str(value)
-    text = "".join(ch if ch.isprintable() else "?" for ch in text[:MAX_AGENT_NAME]).strip()
-    return text or None
+    text = (value if isinstance(value, str) else str(value))[:MAX_AGENT_NAME]
+    if not text.isprintable():  # one C call for the usual name, a character walk only for one that needs it
+        text = "".join(ch if ch.isprintable() else "?" for ch in text)
+    return text.strip() or None
 
 
 def as_text(value: Any) -> str | None:
@@ -96,7 +98,7 @@ def indexed_messages(attributes: dict[str, Any], prefix: str, role_key: str, con
         content = message.get("content")
         if isinstance(content, str) and content[:1] == "[":  # OpenLLMetry serialises list content as JSON
             try:
-                content = json.loads(content)
+                content = loads(content)
             except ValueError:
                 pass
         if content is None and parts:

@@ -22,6 +22,21 @@ _GENAI_MARKERS = ("gen_ai.system", "gen_ai.provider.name", "gen_ai.request.model
 _AGENTO11Y_MARKERS = ("agento11y.sdk.name", "agento11y.generation.id")
 _OPENINFERENCE_CALLS = frozenset({"LLM", "AGENT"})
 _OPENLLMETRY_CALLS = frozenset({"chat", "completion"})
+_ADK_SCOPE = "gcp.vertex.agent"
+_STRANDS_SCOPE = "strands"
+# Every attribute key and scope-name prefix `model_call` reads: a record holding none of them has no model call
+# (consumer/adapters/__init__.py's RECORD_MARKERS must cover each; tests/consumer/test_read_events_golden.py checks).
+MARKERS: tuple[str, ...] = (
+    GEN_AI_OPERATION_NAME,
+    *_GENAI_MARKERS,
+    _ADK_SCOPE,
+    _STRANDS_SCOPE,
+    vercel_ai.OPERATION_ID,
+    langfuse.OBSERVATION_TYPE,
+    mlflow.SPAN_TYPE,
+    "openinference.span.kind",
+    "llm.request.type",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,9 +99,9 @@ def model_call(span: DecodedSpan) -> Convention | None:
     attributes = span.attributes
     operation = _text(attributes, GEN_AI_OPERATION_NAME)
     system = _text(attributes, "gen_ai.system") or _text(attributes, "gen_ai.provider.name")
-    if system == "gcp.vertex.agent" or span.scope.startswith("gcp.vertex.agent"):
+    if system == _ADK_SCOPE or span.scope.startswith(_ADK_SCOPE):
         return ADK if operation in _GENAI_CALLS or span.name == "call_llm" else None
-    if system == "strands-agents" or span.scope.startswith("strands"):
+    if system == "strands-agents" or span.scope.startswith(_STRANDS_SCOPE):
         return STRANDS if operation in _GENAI_CALLS or span.name == "chat" else None
     if _text(attributes, vercel_ai.OPERATION_ID) in vercel_ai.MODEL_CALLS:
         return VERCEL_AI

@@ -104,16 +104,17 @@ _LLAMA_INDEX_AGENT_STEPS = ("BaseWorkflowAgent.", "AgentWorkflow.", "FunctionAge
 _CURRENT_AGENT = re.compile(r"current_agent_name='([^'\\]{1,128})'")
 
 
-def framework_agent(span: DecodedSpan) -> str | None:
+def framework_agent(span: DecodedSpan, kind: Kind | None = None) -> str | None:
     """The agent's own name where a framework writes it in its own way (before the resource's service.name):
     smolagents' agent run span is `<agent name>.run`; LangChain's agents write `lc_agent_name`, a LangGraph graph's
     root span is named after the graph;
-    LlamaIndex's agent workflow steps name the current agent; CrewAI's agent span has its role as graph node."""
+    LlamaIndex's agent workflow steps name the current agent; CrewAI's agent span has its role as graph node.
+    `kind`: the span's `span_kind`, when the caller has it already."""
     attributes = span.attributes
     name = span.name
     if _attribute(span, OPENINFERENCE_KIND) == "CHAIN":
-        return _llama_index_agent(span) or _langchain_agent(span)
-    kind = span_kind(span)
+        return _llama_index_agent(span) or _langchain_agent(span, Kind.CHAIN)
+    kind = span_kind(span) if kind is None else kind
     if kind is Kind.AGENT and name.endswith(".run") and any(k.startswith("smolagents.") for k in attributes):
         return name[: -len(".run")] or None
     if kind is Kind.AGENT and isinstance(attributes.get("graph.node.id"), str) and "crew_key" in attributes:
@@ -121,10 +122,10 @@ def framework_agent(span: DecodedSpan) -> str | None:
     lc_agent = attributes.get("traceloop.association.properties.lc_agent_name")  # OpenLLMetry's copy of it
     if isinstance(lc_agent, str) and lc_agent:
         return lc_agent
-    return _langchain_agent(span)
+    return _langchain_agent(span, kind)
 
 
-def _langchain_agent(span: DecodedSpan) -> str | None:
+def _langchain_agent(span: DecodedSpan, kind: Kind) -> str | None:
     """LangChain's agent name in the run metadata (`create_agent(name=...)` writes `lc_agent_name` on every run of the
     agent), else OpenInference's LangChain instrumentation's graph run: the span named after the graph
     (`create_react_agent(name=...)`, `StateGraph.compile(name=...)`) whose metadata has no `langgraph_node`. It is an
@@ -135,7 +136,7 @@ def _langchain_agent(span: DecodedSpan) -> str | None:
     found = _LC_AGENT_NAME.search(metadata)
     if found:
         return found.group(1)
-    if span_kind(span) not in _GRAPH_KINDS or '"langgraph"' not in metadata or "langgraph_node" in metadata:
+    if kind not in _GRAPH_KINDS or '"langgraph"' not in metadata or "langgraph_node" in metadata:
         return None
     return span.name if span.name not in _DEFAULT_GRAPH_NAMES else None
 

@@ -14,6 +14,8 @@ import json
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import orjson
+
 from ._langchain import langchain_message
 
 USER_ROLES = frozenset({"user", "human"})
@@ -33,6 +35,16 @@ class _NotJson:
 NOT_JSON = _NotJson()
 
 
+def loads(text: str) -> Any:
+    """JSON text by orjson (several times the standard library's speed on message bodies); what orjson refuses but
+    the standard library reads (NaN, integers past 64 bits, lone surrogates) by the standard library, so what a
+    body parses to never changes. Raises ValueError or RecursionError as `json.loads` does."""
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return json.loads(text)
+
+
 def load_json(value: Any) -> Any:
     """Parsed JSON, or NOT_JSON. Several JSON documents (a joined stream, `data: ` lines) become a list."""
     if not isinstance(value, str):
@@ -41,7 +53,7 @@ def load_json(value: Any) -> Any:
     if not text or (text[0] not in '{["' and not text.startswith("data:")):
         return NOT_JSON
     try:
-        return json.loads(text)
+        return loads(text)
     except (ValueError, RecursionError):
         pass
     return _json_sequence(text)
@@ -104,7 +116,7 @@ def content_blocks(value: str) -> list[dict[str, Any]] | None:
     if not text.startswith("[{") or not text.endswith("}]"):
         return None
     try:
-        blocks = json.loads(text)
+        blocks = loads(text)
     except (ValueError, RecursionError):
         return None
     if not all(isinstance(b, dict) and len(b) == 1 and next(iter(b)) in _BLOCK_KEYS for b in blocks):

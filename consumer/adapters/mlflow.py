@@ -7,11 +7,10 @@ stamping (`tracejudge.tracer.conversation`) or an attribute the app sets."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from ..decode import DecodedSpan
-from ._text import answer_text, exchange_input, input_from_body, load_json, output_from_body
+from ._text import answer_text, exchange_input, input_from_body, load_json, loads, output_from_body
 
 Content = tuple[str | None, str | None]
 SPAN_TYPE = "mlflow.spanType"
@@ -29,7 +28,7 @@ def span_type(span: DecodedSpan) -> str | None:
     if not isinstance(value, str):
         return None
     try:
-        decoded: Any = json.loads(value)
+        decoded: Any = loads(value)
     except ValueError:
         decoded = value
     return decoded if isinstance(decoded, str) else None

@@ -3,7 +3,7 @@ is one reason, a span that fails to adapt costs only itself (the others still co
 
 from __future__ import annotations
 
-from ..adapters import ConversationEvent, extract, textless_model_call, trace_contexts
+from ..adapters import ConversationEvent, classify, extract, may_matter, textless_model_call, trace_contexts
 from ..decode import MalformedRecord, decode_record
 from .textless import TextlessSpans
 
@@ -12,21 +12,26 @@ def read_events(
     value: bytes | None, *, max_bytes: int, textless: TextlessSpans | None = None
 ) -> tuple[list[ConversationEvent], str | None]:
     """The record's events and, when it is (partly) unreadable, why; model-call spans without text go to
-    `textless` (counted and said)."""
+    `textless` (counted and said). What each span is and where it goes is worked out once (`classify`); a record
+    that holds nothing for a conversation (`may_matter`: an HTTP span from the Collector) is parsed, not read."""
     try:
-        spans = decode_record(value, max_bytes=max_bytes)
-        traces = trace_contexts(spans)  # a span without an id goes with the conversation its trace names
+        spans = decode_record(value, max_bytes=max_bytes, relevant=may_matter)
+        if not spans:
+            return [], None
+        classified = [classify(span) for span in spans]
+        traces = trace_contexts(spans, classified)  # a span without an id goes with the conversation its trace names
     except MalformedRecord as exc:
         return [], str(exc)
     except Exception as exc:  # RecursionError (deep nesting), OverflowError, TypeError, ...
         return [], f"undecodable: {exc!r}"[:300]
     events: list[ConversationEvent] = []
     failure: Exception | None = None
-    for span in spans:
+    for facts in classified:
+        span = facts.span
         try:
-            event = extract(span, traces)
+            event = extract(span, traces, facts)
             if textless is not None:
-                convention = textless_model_call(span, event)
+                convention = textless_model_call(span, event, facts)
                 if convention is not None:
                     textless.seen(span, convention, event)
         except Exception as exc:  # one bad span never costs the rest of the record
