@@ -19,6 +19,7 @@ from ._kinds import STEP_OPERATIONS
 
 _GENAI_CALLS = frozenset({"chat", "text_completion", "generate_content", "invoke_agent"})
 _GENAI_MARKERS = ("gen_ai.system", "gen_ai.provider.name", "gen_ai.request.model")
+_MODEL_MARKER = "gen_ai.request.model"
 _AGENTO11Y_MARKERS = ("agento11y.sdk.name", "agento11y.generation.id")
 _OPENINFERENCE_CALLS = frozenset({"LLM", "AGENT"})
 _OPENLLMETRY_CALLS = frozenset({"chat", "completion"})
@@ -113,9 +114,17 @@ def model_call(span: DecodedSpan) -> Convention | None:
         return OPENINFERENCE
     if _text(attributes, "llm.request.type") in _OPENLLMETRY_CALLS:
         return OPENLLMETRY
-    # Any other operation name (a vendor's own, e.g. agento11y's `generateText`/`streamText`) on a span that names
-    # its model or provider is a model call too, unless the name says it is a step (a tool run, an embedding).
-    if operation in _GENAI_CALLS or (operation not in STEP_OPERATIONS and any(k in attributes for k in _GENAI_MARKERS)):
+    if operation in _GENAI_CALLS or (operation is None and any(k in attributes for k in _GENAI_MARKERS)):
+        return AGENTO11Y if any(k in attributes for k in _AGENTO11Y_MARKERS) else GENAI
+    # Any other operation name (a vendor's own, e.g. agento11y's `generateText`/`streamText`) on a span that names the
+    # model it asked is a model call too, unless the name says it is a step (a tool run, an embedding) or another
+    # convention says what the span is (OpenLLMetry's `execute_task` chains name their provider, never a model).
+    if (
+        operation not in STEP_OPERATIONS
+        and _MODEL_MARKER in attributes
+        and "traceloop.span.kind" not in attributes
+        and "openinference.span.kind" not in attributes
+    ):
         return AGENTO11Y if any(k in attributes for k in _AGENTO11Y_MARKERS) else GENAI
     return None
 

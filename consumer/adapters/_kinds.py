@@ -113,7 +113,7 @@ def framework_agent(span: DecodedSpan, kind: Kind | None = None) -> str | None:
     attributes = span.attributes
     name = span.name
     if _attribute(span, OPENINFERENCE_KIND) == "CHAIN":
-        return _llama_index_agent(span) or _langchain_agent(span, Kind.CHAIN)
+        return _llama_index_agent(span) or _graph_run(span, Kind.CHAIN)
     kind = span_kind(span) if kind is None else kind
     if kind is Kind.AGENT and name.endswith(".run") and any(k.startswith("smolagents.") for k in attributes):
         return name[: -len(".run")] or None
@@ -136,6 +136,14 @@ def _langchain_agent(span: DecodedSpan, kind: Kind) -> str | None:
     found = _LC_AGENT_NAME.search(metadata)
     if found:
         return found.group(1)
+    return _graph_run(span, kind)
+
+
+def _graph_run(span: DecodedSpan, kind: Kind) -> str | None:
+    """The graph's name on OpenInference's LangGraph run span: AGENT when the name contains "agent", else CHAIN."""
+    metadata = span.attributes.get("metadata")
+    if not isinstance(metadata, str) or len(metadata) > _MAX_METADATA:
+        return None
     if kind not in _GRAPH_KINDS or '"langgraph"' not in metadata or "langgraph_node" in metadata:
         return None
     return span.name if span.name not in _DEFAULT_GRAPH_NAMES else None
