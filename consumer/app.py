@@ -292,7 +292,12 @@ def build_notifier(
             settings.bootstrap_servers, f"{settings.group_id}-notifications", durable=True, **producer_config
         ).start()
     delivered = DeliveredIds(
-        settings.bootstrap_servers, writer.topic, {"enable_auto_commit": False, **settings.consumer_config()}, writer
+        settings.bootstrap_servers,
+        writer.topic,
+        {"enable_auto_commit": False, **settings.consumer_config()},
+        writer,
+        replication_factor=settings.replication_factor,
+        topic_configs=dict(settings.internal_topic_config),
     )
     return Notifier(
         settings.notify_url,

@@ -130,22 +130,35 @@ class _Post:
 class DeliveredIds:
     """The result ids already notified, kept in a compacted topic (key: result id) and read back at start."""
 
-    def __init__(self, bootstrap_servers: str, topic: str, consumer_config: dict[str, Any], writer: Any) -> None:
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        topic: str,
+        consumer_config: dict[str, Any],
+        writer: Any,
+        *,
+        replication_factor: int | None = None,
+        topic_configs: dict[str, str] | None = None,
+    ) -> None:
         self.bootstrap_servers = bootstrap_servers
         self.topic = topic
         self.consumer_config = consumer_config
         self.writer = writer  # a durable KafkaWriter on `topic`
+        # --replication-factor (None: the cluster's default) and --internal-topic-config, as every internal topic.
+        self.replication_factor = replication_factor
+        self.topic_configs = {**(topic_configs or {}), **TOPIC_CONFIGS}
 
     def ensure_topic(self) -> None:
-        """Created compacted if missing (its replication is the cluster's default); a cluster that refuses leaves
-        it to auto-creation, said once."""
+        """Created compacted if missing (replication: --replication-factor, else the cluster's default); a cluster
+        that refuses leaves it to auto-creation, said once."""
         from kafka.admin import KafkaAdminClient, NewTopic
         from kafka.errors import TopicAlreadyExistsError
 
         admin = KafkaAdminClient(bootstrap_servers=self.bootstrap_servers, **_admin_options(self.consumer_config))
         try:
             if self.topic not in set(admin.list_topics()):
-                admin.create_topics([NewTopic(self.topic, 1, -1, topic_configs=TOPIC_CONFIGS)])
+                replication = self.replication_factor if self.replication_factor is not None else -1
+                admin.create_topics([NewTopic(self.topic, 1, replication, topic_configs=self.topic_configs)])
         except TopicAlreadyExistsError:
             pass
         except Exception as exc:
