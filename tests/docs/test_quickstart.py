@@ -15,6 +15,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -26,6 +27,7 @@ import pytest
 
 from tests.conftest import missing_part
 from tests.support.judge_server import JudgeServer, Reply, conversation_text, metric_of
+from tracejudge.consumer.embedded_broker import EmbeddedBroker
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -68,6 +70,35 @@ def test_the_readme_snippet_ends_its_conversations_and_says_what_the_idle_timeou
     idle = Settings.model_fields["session_idle_timeout"].default
     assert f"`--session-idle-timeout` ({idle:g} s by default)" in after, after
     assert "pip install tracejudge`" not in text and "pip install 'tracejudge[" not in text  # not on PyPI
+
+
+def test_the_readme_snippet_is_judged_at_once_not_after_the_idle_timeout(
+    broker: EmbeddedBroker, judge_server: JudgeServer, tmp_path: Path
+) -> None:
+    """The snippet run as a user's program (its own process) next to a consumer with the default 300 s idle timeout:
+    its conversation is judged as soon as it ends, well within the timeout."""
+    from tests.support.pipeline import RunningConsumer, consumer_settings, last_outcome, wait_for
+
+    snippet = readme_snippet(README.read_text())
+    (conversation,) = set(re.findall(r'session_id="([^"]+)"', snippet))
+    judge_server.responder = judge_answer  # a verdict each judge accepts
+    broker.create_topic("otlp_spans")  # the snippet's setup_tracing writes to the default topic
+    settings = consumer_settings(broker.bootstrap_servers, "otlp_spans", session_idle_timeout=300.0)
+    with RunningConsumer(settings) as consumer:
+        script = tmp_path / "my_app.py"
+        script.write_text(runnable_snippet(snippet, broker.bootstrap_servers))
+        started = time.monotonic()
+        subprocess.run([sys.executable, str(script)], check=True, timeout=120, cwd=tmp_path)
+        wait_for(
+            lambda: last_outcome(consumer.app.service, conversation) == "judged",
+            timeout=120,
+            what="the snippet's conversation judged",
+        )
+        took = time.monotonic() - started
+    asked = [conversation_text(request) for request in judge_server.requests]
+    assert any("Where is my parcel?" in text and "Thanks, that's all." in text for text in asked), asked
+    assert took < settings.session_idle_timeout / 2, took
+    print(f"\nthe README snippet's conversation judged {took:.1f} s after the program started")
 
 
 def test_the_demos_next_steps_are_the_readmes_commands() -> None:
