@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field, fields, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tracejudge._shared.text import clip
 
@@ -28,6 +28,9 @@ from ..adapters import ConversationEvent, Feedback, Turn
 from ..exchanges import exchanges
 from .identity import content_id
 from .job import MAX_FIELD_CHARS, JudgeJob, version_of
+
+if TYPE_CHECKING:
+    from ..settings import Settings
 
 logger = logging.getLogger("tracejudge.consumer.conversation")
 
@@ -163,6 +166,18 @@ class ConversationTable:
         self._removed: set[str] = set()
         self._outbox: list[Dispatch] = []
         self.counts: Counter[str] = Counter()
+
+    @classmethod
+    def from_settings(cls, settings: Settings, memory: MemoryBound) -> ConversationTable:
+        """A table with the options that decide what a conversation is: the live consumer and backfill alike."""
+        return cls(
+            idle_timeout_s=settings.session_idle_timeout,
+            max_turns=settings.max_turns_per_conversation,
+            max_bytes=settings.max_conversation_bytes,
+            retention_s=settings.state_retention,
+            end_grace_s=settings.end_grace,
+            memory=memory,
+        )
 
     # -- reading ---------------------------------------------------------------------------------------------------
 
