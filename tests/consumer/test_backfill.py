@@ -277,7 +277,7 @@ def test_backfill_finishes_when_a_sink_raises_and_reports_unread_partitions(
     print(f"\nbackfill: a sink raised on all {sink.calls} judgements, finished; unread {unread}, exit {code}")
 
 
-# One pipeline: backfill runs the live consumer's ingest, assembly and outputs, with record timestamps as its clock.
+# One state machine: backfill runs the live consumer's tables, judges and outputs, with record timestamps as its clock.
 
 
 def test_backfill_gives_the_live_result_ids_and_versions(
