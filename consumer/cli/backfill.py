@@ -23,15 +23,17 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..conversation.job import JudgeJob
 from ..delivery import Delivery
 from ..judgement import OUTCOME_JUDGED, OUTCOME_SAMPLED_OUT, OUTCOME_SKIPPED_BUDGET, Judgement
 from ..pool import JudgePool
 from ..results import result_id
-from ..streams.range_assembler import RangeAssembler
 from .options import EXIT_USAGE, WATCH_OPTIONS, add_consumer_flags, field_help, settings_from_args
+
+if TYPE_CHECKING:  # it imports kafka: loaded when a backfill runs, not by every command's parser
+    from ..streams.range_assembler import RangeAssembler
 
 logger = logging.getLogger("tracejudge.backfill")
 # Timestamps within a partition are only roughly ordered (several producers): read this far past --to.
@@ -429,6 +431,8 @@ def _dry_run(namespace: argparse.Namespace, settings: Any, consumer: Any, start:
             estimate.add(job)
         return False  # never to the judges: out as sampled out, to no sink
 
+    from ..streams.range_assembler import RangeAssembler
+
     # No judges, no sinks, no dead-letter topic: a dry run writes nothing anywhere.
     assembler = RangeAssembler(settings, len(topic_partitions(consumer, settings.topic)) or 1, start_ms)
     judging = Judging(assembler, would_judge, Delivery(ConsumerInstruments(CollectorRegistry()), []))
@@ -560,6 +564,7 @@ def _judge_range(namespace: argparse.Namespace, settings: Any, consumer: Any, st
     from ..emit import KafkaWriter
     from ..emit.prometheus import ConsumerInstruments
     from ..service import reaching_kafka
+    from ..streams.range_assembler import RangeAssembler
 
     console = Console()
     report = BackfillReport()
