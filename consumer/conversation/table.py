@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field, fields, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from tracejudge._shared.text import clip
 
@@ -28,9 +28,6 @@ from ..adapters import ConversationEvent, Feedback, Turn
 from ..exchanges import exchanges
 from .identity import content_id
 from .job import MAX_FIELD_CHARS, JudgeJob, version_of
-
-if TYPE_CHECKING:
-    from ..settings import Settings
 
 logger = logging.getLogger("tracejudge.consumer.conversation")
 
@@ -139,6 +136,16 @@ class MemoryBound:
         return self.used > self.max_bytes
 
 
+class TableOptions(Protocol):
+    """The options that decide what a conversation is (`Settings` has them; no import: Settings knows Kafka)."""
+
+    session_idle_timeout: float
+    max_turns_per_conversation: int
+    max_conversation_bytes: int
+    state_retention: float
+    end_grace: float
+
+
 class ConversationTable:
     """The conversations of one state partition. Only one thread drives a table (its partition's task)."""
 
@@ -168,7 +175,7 @@ class ConversationTable:
         self.counts: Counter[str] = Counter()
 
     @classmethod
-    def from_settings(cls, settings: Settings, memory: MemoryBound) -> ConversationTable:
+    def from_settings(cls, settings: TableOptions, memory: MemoryBound) -> ConversationTable:
         """A table with the options that decide what a conversation is: the live consumer and backfill alike."""
         return cls(
             idle_timeout_s=settings.session_idle_timeout,
