@@ -1,4 +1,5 @@
-"""RSS per open conversation at 10,000 and 100,000 open conversations (each in a fresh process)."""
+"""RSS per open conversation at 10,000 and 100,000 open conversations in the live state table (each in a fresh
+process)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,9 @@ import sys
 from typing import Any
 
 _PROBE = r"""
-import gc, json, sys, time
+import gc, json, sys
 from tracejudge.consumer.adapters import ConversationEvent, Turn
-from tracejudge.consumer.conversations import ConversationStore
+from tracejudge.consumer.conversation.table import ConversationTable
 
 def rss() -> int:
     with open("/proc/self/status") as status:
@@ -20,7 +21,7 @@ def rss() -> int:
     raise RuntimeError("no VmRSS")
 
 count, turns = int(sys.argv[1]), int(sys.argv[2])
-store = ConversationStore(max_open=count + 1, idle_timeout_s=3600)
+table = ConversationTable(idle_timeout_s=3600)
 gc.collect()
 before = rss()
 for c in range(count):
@@ -28,9 +29,9 @@ for c in range(count):
     for t in range(turns):
         turn = Turn(f"{c:08x}{t:08x}", f"{c:032x}", "", t, t + 1,
                     f"user question number {t} about my order " * 3, "assistant answer with some detail " * 6, index=t)
-        store.apply(ConversationEvent(cid, "support-bot", turn), 0, c, time.monotonic())
+        table.apply(ConversationEvent(cid, "support-bot", turn), 0)
 gc.collect()
-print(json.dumps({"open": len(store), "bytes": rss() - before}))
+print(json.dumps({"open": table.open_count, "bytes": rss() - before}))
 """
 
 

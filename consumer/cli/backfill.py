@@ -1,10 +1,10 @@
 """`tracejudge backfill --from TIME --to TIME`: judge a past time range of the span topic.
 
-Reads the records in the range with manual assignment (no group, no commits) through the live consumer's own
-pipeline (`pipeline.py`: the same ingest guard, dead-letter topic, assembly, judges and output fan-out), with record
-timestamps as the clock: a conversation gets the same versions, hence the same result ids, as live. Judges those that
-complete inside the range, reports those still open at --to, and skips conversations whose result id is already in the
-results topic unless --rejudge.
+Reads the records in the range with manual assignment (no group, no commits) into the live consumer's own state
+machine (`streams/range_assembler.py`: its conversation tables, routing and rules), with record timestamps as the
+clock, and judges through its judge pool and outputs: a conversation gets the same content id, hence the same result
+ids, as live. Judges those that complete inside the range, reports those still open at --to, and skips
+conversations whose result id is already in the results topic unless --rejudge.
 
 Its verdicts go only to the results topic and OTLP (its Prometheus registry is not served), so without either it
 refuses to start (exit 2) instead of paying for verdicts it would throw away. `--dry-run` reads the range the same way,
@@ -20,15 +20,20 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..conversations import JudgeJob
+from ..conversation.job import JudgeJob
+from ..delivery import Delivery
 from ..judgement import OUTCOME_JUDGED, OUTCOME_SAMPLED_OUT, OUTCOME_SKIPPED_BUDGET, Judgement
-from ..pipeline import Pipeline
+from ..pool import JudgePool
 from ..results import result_id
 from .options import EXIT_USAGE, NOTIFY_OPTIONS, WATCH_OPTIONS, add_consumer_flags, field_help, settings_from_args
+
+if TYPE_CHECKING:  # it imports kafka: loaded when a backfill runs, not by every command's parser
+    from ..streams.range_assembler import RangeAssembler
 
 logger = logging.getLogger("tracejudge.backfill")
 # Timestamps within a partition are only roughly ordered (several producers): read this far past --to.
@@ -120,6 +125,8 @@ class BackfillReport:
     estimated_input_tokens: int = 0  # --dry-run: the prompts' tokens, every judge call of every selected conversation
     estimated_output_tokens: int = 0
     estimated_cost_usd: float | None = None  # --dry-run: None when LiteLLM has no price for the judge model
+    # The result ids of the conversations complete in the range that are judged now or were already (the summary).
+    result_ids: list[str] = field(default_factory=list)
 
 
 def _existing_result_ids(consumer_factory: Any, bootstrap: str, topic: str, config: dict[str, Any]) -> set[str]:
@@ -158,22 +165,91 @@ def _existing_result_ids(consumer_factory: Any, bootstrap: str, topic: str, conf
     return ids
 
 
-def read_range(
-    consumer: Any, topic: str, start_ms: int, end_ms: int, pipeline: Pipeline, report: BackfillReport
-) -> None:
-    """Run every record with a timestamp in [start, end) through the pipeline, its timestamp as the clock.
+class MalformedRecords:
+    """A record that does not read: counted (tracejudge_records_total), said (rate-limited) and dead-lettered when
+    there is a dead-letter topic; the rest of the range goes on."""
 
-    Conversations idle by the watermark (the oldest clock of the partitions still being read) are completed and
-    judged while reading. Partitions that could not be read to the end of the range (the reading stopped after
+    def __init__(self, prometheus: Any, dead_letter: Any = None) -> None:
+        from tracejudge._shared.rate_limited_log import RateLimitedLog
+
+        self.prometheus = prometheus
+        self.dead_letter = dead_letter
+        self.log = RateLimitedLog(logger, interval_s=10.0)
+
+    def __call__(self, record: Any, reason: str) -> None:
+        self.prometheus.record_records("malformed")
+        self.log.warning("malformed record at partition %d offset %d: %s", record.partition, record.offset, reason)
+        if self.dead_letter is not None:
+            headers = [
+                ("tracejudge.error", reason.encode("utf-8", "replace")[:1000]),
+                ("tracejudge.source", f"{record.topic}/{record.partition}/{record.offset}".encode()),
+            ]
+            self.dead_letter.write(record.key, record.value or b"", headers)
+
+
+class Judging:
+    """Completed conversations from the tables to the judges (or out as not selected, counted by reason in `select`),
+    and each outcome back to its table once its outputs are durable, as the live judge worker acknowledges it."""
+
+    def __init__(
+        self,
+        assembler: RangeAssembler,
+        select: Callable[[JudgeJob], bool],
+        delivery: Delivery,
+        pool: JudgePool | None = None,
+        on_finished: Callable[[Judgement], None] | None = None,
+    ) -> None:
+        self.assembler = assembler
+        self.select = select
+        self.delivery = delivery
+        self.pool = pool
+        self.on_finished = on_finished
+
+    def dispatch(self) -> int:
+        """Send what completed since the last call; how many conversations that was."""
+        dispatches = self.assembler.take_dispatches()
+        for dispatch in dispatches:
+            job = dispatch.job
+            if self.select(job) and self.pool is not None:
+                self.pool.submit(job)
+            else:
+                self.delivery.not_judged(Judgement(job, OUTCOME_SAMPLED_OUT))
+        return len(dispatches)
+
+    def drain(self) -> None:
+        self.delivery.drain(self._finished)
+
+    def _finished(self, judgement: Judgement) -> None:
+        self.assembler.verdict(judgement.job, judgement.outcome)
+        if self.on_finished is not None:
+            self.on_finished(judgement)
+
+
+def topic_partitions(consumer: Any, topic: str) -> list[int]:
+    return sorted(consumer.partitions_for_topic(topic) or set())
+
+
+def read_range(
+    consumer: Any,
+    topic: str,
+    start_ms: int,
+    end_ms: int,
+    judging: Judging,
+    report: BackfillReport,
+    malformed: Callable[[Any, str], None] | None = None,
+) -> None:
+    """Fold every record with a timestamp in [start, end) into the tables, its timestamp as the clock.
+
+    Conversations idle by record time are completed and judged while reading; at the end every partition's clock
+    stands at `end_ms`. Partitions that could not be read to the end of the range (the reading stopped after
     MAX_IDLE_POLLS empty polls) are listed in `report.unread_partitions`.
     """
     from kafka import TopicPartition
 
-    partitions = sorted(consumer.partitions_for_topic(topic) or set())
-    assigned = [TopicPartition(topic, p) for p in partitions]
+    assembler = judging.assembler
+    assigned = [TopicPartition(topic, p) for p in topic_partitions(consumer, topic)]
     consumer.assign(assigned)
     done: set[int] = set()
-    clock = dict.fromkeys(partitions, start_ms)  # per partition, the latest record timestamp read
     try:
         starts = consumer.offsets_for_times({tp: start_ms for tp in assigned})
     except Exception:  # brokers without time index support: scan from the beginning and filter by timestamp
@@ -218,13 +294,18 @@ def read_range(
                 if not start_ms <= record.timestamp < end_ms:
                     continue
                 report.records += 1
-                clock[tp.partition] = max(clock[tp.partition], record.timestamp)
-                if not pipeline.record(tp.partition, record, record.timestamp / 1000):
+                failure = assembler.record(tp.partition, record.key, record.value, record.timestamp)
+                if failure is not None:
                     report.malformed += 1
-        watermark = min((ms for p, ms in clock.items() if p not in done), default=end_ms)
-        pipeline.ingest.expire(watermark / 1000)
-        pipeline.dispatch()
-        pipeline.drain()
+                    if malformed is not None:
+                        malformed(record, failure)
+        assembler.advance(done, end_ms)
+        judging.dispatch()
+        judging.drain()
+    # Conversations that went quiet for the idle timeout before --to are complete; the rest are still open.
+    assembler.advance({tp.partition for tp in assigned}, end_ms)
+    judging.dispatch()
+    report.still_open = assembler.still_open()
 
 
 def _selector(namespace: argparse.Namespace, settings: Any, existing: set[str], report: BackfillReport) -> Any:
@@ -237,15 +318,18 @@ def _selector(namespace: argparse.Namespace, settings: Any, existing: set[str], 
     def select(job: JudgeJob) -> bool:
         report.complete += 1
         indices = [t.index for t in job.exchanges if t.index is not None]
-        if indices and min(indices) > 0:
-            report.partial += 1  # it began before --from: judging part of it would mislead
+        if indices and min(indices) > 0 and not job.truncated:
+            report.partial += 1  # it began before --from (not cut by a bound, as live cuts): judging part would mislead
         elif namespace.agent and job.agent != namespace.agent:
             report.skipped_agent += 1
         elif not sampler.should_judge(job):
             report.sampled_out += 1
-        elif existing and all(result_id(job.conversation_id, m, job.content_id) in existing for m in settings.metrics):
-            report.skipped_existing += 1
         else:
+            ids = [result_id(job.conversation_id, metric, job.content_id) for metric in settings.metrics]
+            report.result_ids.extend(ids)
+            if existing and all(i in existing for i in ids):
+                report.skipped_existing += 1
+                return False
             report.selected += 1
             return True
         return False
@@ -350,14 +434,13 @@ def _dry_run(namespace: argparse.Namespace, settings: Any, consumer: Any, start:
             estimate.add(job)
         return False  # never to the judges: out as sampled out, to no sink
 
-    # No judges (the pool is never started), no sinks, no dead-letter topic: a dry run writes nothing anywhere.
-    pipeline = Pipeline(settings, [], ConsumerInstruments(CollectorRegistry()), would_judge, max_open=10**9)
-    read_range(consumer, settings.topic, start_ms, end_ms, pipeline, report)
-    pipeline.ingest.expire(end_ms / 1000)
-    pipeline.dispatch()
-    pipeline.drain()
-    pipeline.pool.stop(0)
-    report.still_open = list(pipeline.store.open)
+    from ..streams.range_assembler import RangeAssembler
+
+    # No judges, no sinks, no dead-letter topic: a dry run writes nothing anywhere.
+    assembler = RangeAssembler(settings, len(topic_partitions(consumer, settings.topic)) or 1, start_ms)
+    judging = Judging(assembler, would_judge, Delivery(ConsumerInstruments(CollectorRegistry()), []))
+    read_range(consumer, settings.topic, start_ms, end_ms, judging, report)
+    judging.drain()
     estimate.fill(report)
     console = Console()
     console.print(_table(f"backfill --dry-run {start.isoformat()} → {end.isoformat()}", report, dry_run=True))
@@ -480,9 +563,11 @@ def _judge_range(namespace: argparse.Namespace, settings: Any, consumer: Any, st
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     from ..app import build_judges, build_outputs
+    from ..conversation.textless import TextlessSpans
     from ..emit import KafkaWriter
     from ..emit.prometheus import ConsumerInstruments
     from ..service import reaching_kafka
+    from ..streams.range_assembler import RangeAssembler
 
     console = Console()
     report = BackfillReport()
@@ -503,25 +588,28 @@ def _judge_range(namespace: argparse.Namespace, settings: Any, consumer: Any, st
                 **producer_config,
             ).start()
     # Feedback agreement is not joined: its retention runs on wall time, and backfill's registry is thrown away.
-    pipeline = Pipeline(
-        settings,
-        build_judges(settings),
-        prometheus,
-        _selector(namespace, settings, existing, report),
-        sinks=outputs.sinks,
-        dead_letter=dead_letter,
-        max_open=10**9,  # no backpressure: the range is read once
+    judges = build_judges(settings)
+    delivery = Delivery(prometheus, outputs.sinks)
+    pool = JudgePool(
+        judges,
+        delivery.judged,
+        max_concurrency=settings.judge_concurrency(len(judges)),
+        max_requests_per_minute=settings.max_requests_per_minute,
+        max_cost_per_hour=settings.max_cost_per_hour,
     )
+    textless = TextlessSpans(prometheus.record_textless_span)
+    partitions = len(topic_partitions(consumer, settings.topic)) or 1
+    assembler = RangeAssembler(settings, partitions, start_ms, textless=textless)
     finished: list[Judgement] = []
-    pipeline.on_finished = lambda judgement: (
-        finished.append(judgement) if judgement.outcome != OUTCOME_SAMPLED_OUT else None
+    judging = Judging(
+        assembler,
+        _selector(namespace, settings, existing, report),
+        delivery,
+        pool,
+        on_finished=lambda judgement: finished.append(judgement) if judgement.outcome != OUTCOME_SAMPLED_OUT else None,
     )
-    pipeline.pool.start()
-    read_range(consumer, settings.topic, start_ms, end_ms, pipeline, report)
-    # Conversations that went quiet for the idle timeout before --to are complete; the rest are still open.
-    pipeline.ingest.expire(end_ms / 1000)
-    pipeline.dispatch()
-    report.still_open = list(pipeline.store.open)
+    pool.start()
+    read_range(consumer, settings.topic, start_ms, end_ms, judging, report, MalformedRecords(prometheus, dead_letter))
     with Progress(
         TextColumn("{task.description}"),
         BarColumn(),
@@ -533,26 +621,26 @@ def _judge_range(namespace: argparse.Namespace, settings: Any, consumer: Any, st
         task = progress.add_task("backfill: judging", total=report.selected, cost=0.0)
         writes_end: float | None = None  # results still being written get the grace period once judging is over
         while True:
-            pipeline.drain()  # may re-complete a conversation not judged that got negative feedback meanwhile
-            dispatched = pipeline.dispatch()
+            judging.drain()  # may re-complete a conversation not judged that got negative feedback meanwhile
+            dispatched = judging.dispatch()
             cost = sum(r.cost_usd or 0 for j in finished for r in j.results)
             progress.update(task, total=report.selected, completed=len(finished), cost=cost)
-            if dispatched or pipeline.pool.pending:  # pending counts down even if a sink fails
+            if dispatched or pool.pending:  # pending counts down even if a sink fails
                 time.sleep(0.1)
                 continue
-            if not pipeline.delivery.awaiting:
+            if not delivery.awaiting:
                 break
             writes_end = writes_end or time.monotonic() + settings.shutdown_grace
             if time.monotonic() >= writes_end:
                 break
             time.sleep(0.05)
-    pipeline.pool.stop(settings.shutdown_grace)
+    pool.stop(settings.shutdown_grace)
     outputs.close()
     if dead_letter is not None:
         dead_letter.close()
-    pipeline.drain()
-    report.sink_errors = pipeline.delivery.sink_errors
-    judgements = finished + [j for j in pipeline.delivery.undelivered() if j.outcome != OUTCOME_SAMPLED_OUT]
+    judging.drain()
+    report.sink_errors = delivery.sink_errors
+    judgements = finished + [j for j in delivery.undelivered() if j.outcome != OUTCOME_SAMPLED_OUT]
     for judgement in judgements:
         if judgement.outcome == OUTCOME_JUDGED:
             report.judged += 1

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field, fields, replace
-from typing import Any
+from typing import Any, Protocol
 
 from tracejudge._shared.text import clip
 
@@ -136,6 +136,16 @@ class MemoryBound:
         return self.used > self.max_bytes
 
 
+class TableOptions(Protocol):
+    """The options that decide what a conversation is (`Settings` has them; no import: Settings knows Kafka)."""
+
+    session_idle_timeout: float
+    max_turns_per_conversation: int
+    max_conversation_bytes: int
+    state_retention: float
+    end_grace: float
+
+
 class ConversationTable:
     """The conversations of one state partition. Only one thread drives a table (its partition's task)."""
 
@@ -163,6 +173,18 @@ class ConversationTable:
         self._removed: set[str] = set()
         self._outbox: list[Dispatch] = []
         self.counts: Counter[str] = Counter()
+
+    @classmethod
+    def from_settings(cls, settings: TableOptions, memory: MemoryBound) -> ConversationTable:
+        """A table with the options that decide what a conversation is: the live consumer and backfill alike."""
+        return cls(
+            idle_timeout_s=settings.session_idle_timeout,
+            max_turns=settings.max_turns_per_conversation,
+            max_bytes=settings.max_conversation_bytes,
+            retention_s=settings.state_retention,
+            end_grace_s=settings.end_grace,
+            memory=memory,
+        )
 
     # -- reading ---------------------------------------------------------------------------------------------------
 

@@ -38,11 +38,10 @@ from tracejudge._shared.rate_limited_log import RateLimitedLog
 from tracejudge._shared.text import clip
 
 from ..adapters import ConversationEvent
-from ..conversation.job import MAX_FIELD_CHARS
+from ..conversation.job import MAX_FIELD_CHARS, JudgeJob
 from ..conversation.reading import read_events
 from ..conversation.table import COMPLETED, OPEN, ConversationState, ConversationTable, MemoryBound
 from ..conversation.textless import TextlessSpans
-from ..conversations import JudgeJob
 from ..emit import KafkaWriter
 from ..emit.prometheus import ConsumerInstruments
 from ..settings import Settings

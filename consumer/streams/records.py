@@ -12,8 +12,8 @@ import json
 from typing import Any
 
 from ..adapters import ConversationEvent, Feedback, Turn
+from ..conversation.job import JudgeJob
 from ..conversation.table import plain
-from ..conversations import JudgeJob
 
 KIND = "tracejudge.kind"
 EVENTS, VERDICT, STATE, POSITIONS, JOB, FEEDBACK = "events", "verdict", "state", "positions", "job", "feedback"

@@ -22,8 +22,9 @@ ROOT = Path(__file__).resolve().parents[2]
 HOUR_MS = 3_600_000
 
 
-def conversation_record(tracer, conversation: str, turns: int, *, ended: bool, first: int = 0) -> bytes:
-    """`turns` turns of a conversation (turn indexes from `first`), with its end marker when `ended`."""
+def conversation_record(tracer, conversation: str, turns: int, *, ended: bool, first: int = 0, text: str = "") -> bytes:
+    """`turns` turns of a conversation (turn indexes from `first`), with its end marker when `ended`; `text` is
+    added to each question."""
     spans = []
     for index in range(first, first + turns):
         span = tracer.start_span(
@@ -34,7 +35,7 @@ def conversation_record(tracer, conversation: str, turns: int, *, ended: bool, f
                 "gen_ai.operation.name": "invoke_agent",
                 "tracejudge.turn.index": index,
                 "gen_ai.input.messages": json.dumps(
-                    [{"role": "user", "parts": [{"type": "text", "content": f"{conversation} q{index}"}]}]
+                    [{"role": "user", "parts": [{"type": "text", "content": f"{conversation} q{index}{text}"}]}]
                 ),
                 "gen_ai.output.messages": json.dumps(
                     [{"role": "assistant", "parts": [{"type": "text", "content": "a"}]}]
@@ -276,7 +277,7 @@ def test_backfill_finishes_when_a_sink_raises_and_reports_unread_partitions(
     print(f"\nbackfill: a sink raised on all {sink.calls} judgements, finished; unread {unread}, exit {code}")
 
 
-# One pipeline: backfill runs the live consumer's ingest, assembly and outputs, with record timestamps as its clock.
+# One state machine: backfill runs the live consumer's tables, judges and outputs, with record timestamps as its clock.
 
 
 def test_backfill_gives_the_live_result_ids_and_versions(

@@ -9,13 +9,13 @@ import logging
 
 from prometheus_client import CollectorRegistry
 
+from tests.support.assembly import fold
 from tracejudge.consumer.adapters import extract, textless_model_call
 from tracejudge.consumer.adapters._text import content_text, exchange_input
-from tracejudge.consumer.conversations import ConversationStore
+from tracejudge.consumer.conversation.table import ConversationTable
+from tracejudge.consumer.conversation.textless import TextlessSpans
 from tracejudge.consumer.decode import DecodedSpan, SpanEvent
 from tracejudge.consumer.emit.prometheus import ConsumerInstruments
-from tracejudge.consumer.ingest import Ingest
-from tracejudge.consumer.offsets import OffsetTracker
 
 HISTORY = [
     {"role": "system", "content": "be exact"},
@@ -174,11 +174,6 @@ def test_text_less_model_calls_are_turns_named_by_convention() -> None:
     assert textless_model_call(plain, extract(plain)) is None
 
 
-class _Record:
-    def __init__(self, value: bytes) -> None:
-        self.value, self.offset, self.partition, self.topic, self.key = value, 0, 0, "t", None
-
-
 def test_text_less_spans_counted_by_convention_and_told_once_per_scope(caplog) -> None:
     from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
     from opentelemetry.sdk.resources import Resource
@@ -196,10 +191,11 @@ def test_text_less_spans_counted_by_convention_and_told_once_per_scope(caplog) -
             attributes["session.id"] = conversation
         tracer.start_span("gen", attributes=attributes).end()
     registry = CollectorRegistry()
-    ingest = Ingest(ConversationStore(), OffsetTracker(), ConsumerInstruments(registry), max_record_bytes=10_000_000)
+    table = ConversationTable()
+    textless = TextlessSpans(ConsumerInstruments(registry).record_textless_span)
     with caplog.at_level(logging.WARNING, logger="tracejudge.consumer"):
-        for finished in exporter.get_finished_spans():
-            assert ingest.record(0, _Record(encode_spans([finished]).SerializeToString()), 0.0)
+        values = [encode_spans([finished]).SerializeToString() for finished in exporter.get_finished_spans()]
+        fold(table, values, textless=textless)
 
     def count(outcome: str) -> float:
         labels = {"convention": "langfuse", "outcome": outcome}
@@ -210,7 +206,8 @@ def test_text_less_spans_counted_by_convention_and_told_once_per_scope(caplog) -
     assert len(told) == 1, told  # once per service and scope
     assert "'shop'" in told[0] and "'langfuse-sdk'" in told[0] and "langfuse.observation.type" in told[0]
     assert "LANGFUSE_OBSERVE_DECORATOR_IO_CAPTURE_ENABLED" in told[0]
-    assert len(ingest.store.open["c1"].spans) == 2
+    state = table.get("c1")
+    assert state is not None and len(state.spans) == 2
 
 
 def test_content_less_agent_run_with_a_tool_is_one_exchange() -> None:
@@ -232,7 +229,7 @@ def test_content_less_agent_run_with_a_tool_is_one_exchange() -> None:
             "gcp.vertex.agent",
         )
 
-    store = ConversationStore()
+    table = ConversationTable()
     for turn, trace in enumerate("abc"):
         base = turn * 100
         spans = [
@@ -288,7 +285,7 @@ def test_content_less_agent_run_with_a_tool_is_one_exchange() -> None:
         for s in spans:
             event = extract(s)
             if event is not None:
-                store.apply(event, 0, 0, 0.0)
-    store.expire_idle(10_000.0)
-    [job] = store.take_ready()
+                table.apply(event, 0)
+    table.advance(table.idle_ms)
+    [job] = [dispatch.job for dispatch in table.take_dispatches()]
     assert job.version == 3 and not job.judgeable_exchanges

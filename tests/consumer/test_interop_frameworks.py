@@ -18,12 +18,13 @@ from typing import Any
 
 import pytest
 
-from tracejudge.consumer.adapters import content, extract, trace_contexts
+from tests.support.assembly import assemble
+from tracejudge.consumer.adapters import content, extract
 from tracejudge.consumer.adapters._frameworks import answer_text, is_state, user_text
 from tracejudge.consumer.adapters._kinds import Kind, framework_agent, span_kind
 from tracejudge.consumer.adapters._text import exchange_input
-from tracejudge.consumer.conversations import ConversationStore, JudgeJob
-from tracejudge.consumer.decode import DecodedSpan, decode_record
+from tracejudge.consumer.conversation.job import JudgeJob
+from tracejudge.consumer.decode import DecodedSpan
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "interop"
 SETUPS = sorted(p.name for p in FIXTURES.iterdir() if (p / "expected.json").is_file())
@@ -42,17 +43,10 @@ def fake_server() -> ModuleType:
 
 
 def replay(setup: str) -> list[JudgeJob]:
-    """The fixture's records one by one, as the consumer's ingest reads them; then every conversation completes."""
-    store = ConversationStore(idle_timeout_s=1)
-    for offset, line in enumerate((FIXTURES / setup / "records.jsonl").read_text().splitlines()):
-        spans = decode_record(base64.b64decode(json.loads(line)["value_b64"]))
-        traces = trace_contexts(spans)
-        for span in spans:
-            event = extract(span, traces)
-            if event is not None:
-                store.apply(event, 0, offset, 0.0)
-    store.expire_idle(1e12)
-    return store.take_ready()
+    """The fixture's records one by one, as the consumer reads them; then every conversation completes."""
+    lines = (FIXTURES / setup / "records.jsonl").read_text().splitlines()
+    on_arrival, idle = assemble([base64.b64decode(json.loads(line)["value_b64"]) for line in lines], 1.0)
+    return on_arrival + idle
 
 
 @pytest.mark.parametrize("setup", SETUPS)

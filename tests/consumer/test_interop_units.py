@@ -14,7 +14,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from tests.support.pipeline import read_all
 from tracejudge.consumer.adapters import ConversationEvent, Turn, extract, trace_contexts
-from tracejudge.consumer.conversations import Conversation, ConversationStore
+from tracejudge.consumer.conversation.table import ConversationTable
 from tracejudge.consumer.decode import decode_record
 from tracejudge.consumer.embedded_broker import EmbeddedBroker
 from tracejudge.consumer.exchanges import exchanges
@@ -57,8 +57,9 @@ def test_agent_label_falls_back_to_the_framework_then_the_service() -> None:
     assert agent_name({"traceloop.span.kind": "workflow", "traceloop.entity.name": "entity"}, service) == "entity"
     assert agent_name({"traceloop.span.kind": "task", "traceloop.entity.name": "step"}, service) == "refund-service"
     assert agent_name({}, {"service.name": "unknown_service:python"}) is None
-    event_span = Conversation("c", 0, None, 0.0, 0, "k")
-    assert event_span.snapshot("idle_timeout").agent == "unknown"  # `unknown` only when there is nothing
+    table = ConversationTable()
+    table.apply(ConversationEvent("c", None, turn("s", "", 0, 10, "q", "a"), ended=True), 0)
+    assert table.take_dispatches()[0].job.agent == "unknown"  # `unknown` only when there is nothing
 
 
 def _provider() -> tuple[TracerProvider, InMemorySpanExporter]:
@@ -154,10 +155,12 @@ def test_the_same_exchange_twice_counts_once_only_when_the_spans_overlap() -> No
 
 
 def test_turn_count_and_version_count_exchanges() -> None:
-    conv = Conversation("c", 0, "bot", 0.0, 0, "k")
+    table = ConversationTable()
     for t in [turn("a", "", 0, 100, None, None), turn("c", "a", 10, 90, "q", "x"), turn("b", "", 200, 300, "q2", "y")]:
-        conv.spans[t.span_id] = t
-    job = conv.snapshot("end_marker")
+        table.apply(ConversationEvent("c", "bot", t), 0)
+    table.apply(ConversationEvent("c", "bot", ended=True), 0)
+    (dispatch,) = table.take_dispatches()
+    job = dispatch.job
     assert (job.version, len(job.exchanges)) == (2, 2)
 
 
@@ -182,13 +185,14 @@ def test_structured_text_beats_a_parents_body() -> None:
 
 
 def test_a_named_agent_beats_the_service_name_a_child_fell_back_to() -> None:
-    store = ConversationStore()
+    table = ConversationTable()
     child = ConversationEvent("c", "refund-service", turn("c1", "a1", 10, 20, "q", "x"), agent_named=False)
     parent = ConversationEvent("c", "refund-agent", turn("a1", "", 0, 30, None, None))
     later = ConversationEvent("c", "other-service", turn("c2", "", 40, 50, "q2", "y"), agent_named=False)
     for event in (child, parent, later):
-        store.apply(event, 0, 0, 0.0)
-    assert store.open["c"].agent == "refund-agent"
+        table.apply(event, 0)
+    state = table.get("c")
+    assert state is not None and state.agent == "refund-agent"
 
 
 def test_the_block_wins_over_an_id_a_library_made_up_but_not_over_traced_agent() -> None:
@@ -232,14 +236,15 @@ def test_a_call_that_spoke_then_asked_for_a_tool_and_the_call_after_it_are_one_e
 
 
 def test_the_turn_cap_counts_exchanges_not_spans() -> None:
-    store = ConversationStore(max_turns=2, idle_timeout_s=10)
+    table = ConversationTable(max_turns=2, idle_timeout_s=10)
     # Spans end child first: chat 1, its agent span, then chat 2.
     spans = [("c1", "a1", 10, 90, "q1", "x1"), ("a1", "", 0, 100, None, None), ("c2", "a2", 210, 290, "q2", "x2")]
     for span in spans[:2]:
-        store.apply(ConversationEvent("c", "bot", turn(*span)), 0, 0, 0.0)
-    assert store.take_ready() == []  # two spans, one exchange: under the cap of two (spans counted: capped)
-    store.apply(ConversationEvent("c", "bot", turn(*spans[2])), 0, 0, 0.0)
-    (job,) = store.take_ready()
+        table.apply(ConversationEvent("c", "bot", turn(*span)), 0)
+    assert table.take_dispatches() == []  # two spans, one exchange: under the cap of two (spans counted: capped)
+    table.apply(ConversationEvent("c", "bot", turn(*spans[2])), 0)
+    (dispatch,) = table.take_dispatches()
+    job = dispatch.job
     assert (job.completed_by, job.truncated, job.version) == ("turn_cap", True, 2)
     assert pairs(list(job.exchanges)) == [("q1", "x1"), ("q2", "x2")]
 

@@ -13,7 +13,7 @@ from tests.support.otlp_receiver import OtlpReceiver, attributes
 from tests.support.pipeline import RunningConsumer, consumer_settings, play, read_records, traced_app, wait_for
 from tracejudge.consumer.adapters import Turn
 from tracejudge.consumer.conversation.identity import content_id
-from tracejudge.consumer.conversations import JudgeJob
+from tracejudge.consumer.conversation.job import JudgeJob
 from tracejudge.consumer.embedded_broker import EmbeddedBroker
 from tracejudge.consumer.emit.prometheus import ConsumerInstruments
 from tracejudge.consumer.judgement import Judgement

@@ -11,7 +11,8 @@ import pytest
 from tracejudge.consumer.adapters import ConversationEvent, Turn
 from tracejudge.consumer.cli.options import settings_from_args
 from tracejudge.consumer.cli.parser import build_parser
-from tracejudge.consumer.conversations import ConversationStore
+from tracejudge.consumer.conversation.job import JudgeJob
+from tracejudge.consumer.conversation.table import ConversationTable
 from tracejudge.consumer.offsets import OffsetTracker
 from tracejudge.consumer.sampling import Sampler, sample_point
 
@@ -87,43 +88,55 @@ def turn(span_id: str, index: int) -> Turn:
     return Turn(span_id, "t" * 32, "", index, index + 1, f"q{index}", f"a{index}", index=index)
 
 
+def completed(*conversation_ids: str) -> list[JudgeJob]:
+    """One-turn conversations, each completed by its end marker."""
+    table = ConversationTable(idle_timeout_s=10)
+    for cid in conversation_ids:
+        table.apply(ConversationEvent(cid, "bot", turn(f"{cid}-0", 0), ended=True), 0)
+    return [dispatch.job for dispatch in table.take_dispatches()]
+
+
 def test_sessions_dedupe_cap_and_continuation() -> None:
-    store = ConversationStore(max_turns=3, idle_timeout_s=10)
-    assert store.apply(ConversationEvent("c", "bot", turn("s0", 0)), 0, 5, 0.0) is not None
-    assert store.apply(ConversationEvent("c", "bot", turn("s0", 0)), 0, 6, 0.0) is None  # duplicate span
-    assert store.counts.duplicate_spans == 1
-    store.apply(ConversationEvent("c", "bot", turn("s1", 1)), 0, 6, 0.0)
-    store.apply(ConversationEvent("c", "bot", turn("s2", 2)), 0, 7, 0.0)  # the cap completes it
-    (job,) = store.take_ready()
+    table = ConversationTable(max_turns=3, idle_timeout_s=10)
+    table.apply(ConversationEvent("c", "bot", turn("s0", 0)), 0)
+    table.apply(ConversationEvent("c", "bot", turn("s0", 0)), 0)  # duplicate span
+    assert table.counts["duplicate_spans"] == 1
+    table.apply(ConversationEvent("c", "bot", turn("s1", 1)), 0)
+    table.apply(ConversationEvent("c", "bot", turn("s2", 2)), 0)  # the cap completes it
+    (job,) = [d.job for d in table.take_dispatches()]
     assert job.truncated and job.version == 3 and job.completed_by == "turn_cap"
-    store.finished(job)
-    store.apply(ConversationEvent("c", "bot", turn("s3", 3)), 0, 8, 1.0)
-    assert len(store.open["c"].spans) == 1  # after a cap, the next window starts empty
-    store.apply(ConversationEvent("c", "bot", ended=True), 0, 9, 1.0)
-    (second,) = store.take_ready()
+    table.verdict("c", job.content_id, "judged", 0)
+    table.apply(ConversationEvent("c", "bot", turn("s3", 3)), 1_000)
+    state = table.get("c")
+    assert state is not None and len(state.spans) == 1  # after a cap, the next window starts empty
+    table.apply(ConversationEvent("c", "bot", ended=True), 1_000)
+    (second,) = [d.job for d in table.take_dispatches()]
     assert second.version == 4 and second.completed_by == "end_marker"
-    store.apply(ConversationEvent("idle", "bot", turn("x0", 0)), 1, 1, 2.0)
-    assert store.expire_idle(11.0) == [] and store.take_ready() == []  # 9 s idle: not yet
-    assert store.expire_idle(12.5) == [] and store.take_ready()[0].completed_by == "idle_timeout"
+    table.apply(ConversationEvent("idle", "bot", turn("x0", 0)), 2_000)
+    table.advance(11_000)
+    assert table.take_dispatches() == []  # 9 s idle: not yet
+    table.advance(12_500)
+    assert table.take_dispatches()[0].job.completed_by == "idle_timeout"
 
 
 def test_idleness_is_decided_by_the_clock_passed_in_not_by_when_expiry_runs() -> None:
-    """A turn that comes after an idle gap completes the earlier version first (the live consumer's wall clock and
-    backfill's record timestamps give the same versions), even if `expire_idle` did not run in the gap."""
-    store = ConversationStore(idle_timeout_s=10)
-    store.apply(ConversationEvent("c", "bot", turn("s0", 0)), 0, 1, 0.0)
-    store.apply(ConversationEvent("c", "bot", turn("s1", 1)), 0, 2, 9.0)  # 9 s: the same version
-    store.apply(ConversationEvent("c", "bot", turn("s2", 2)), 0, 3, 19.5)  # 10.5 s idle: version 2 completes first
-    (first,) = store.take_ready()
+    """A turn that comes after an idle gap completes the earlier version first (the live consumer and backfill read
+    the same record timestamps, so they give the same versions), even if `advance` did not run in the gap."""
+    table = ConversationTable(idle_timeout_s=10)
+    table.apply(ConversationEvent("c", "bot", turn("s0", 0)), 0)
+    table.apply(ConversationEvent("c", "bot", turn("s1", 1)), 9_000)  # 9 s: the same version
+    table.apply(ConversationEvent("c", "bot", turn("s2", 2)), 19_500)  # 10.5 s idle: version 2 completes first
+    (first,) = [d.job for d in table.take_dispatches()]
     assert first.version == 2 and first.completed_by == "idle_timeout"
-    store.apply(ConversationEvent("c", "bot", ended=True), 0, 4, 20.0)
-    (second,) = store.take_ready()
+    table.apply(ConversationEvent("c", "bot", ended=True), 20_000)
+    (second,) = [d.job for d in table.take_dispatches()]
     assert second.version == 3 and second.completed_by == "end_marker"
-    # Backfill's record timestamps are only roughly ordered: an earlier-stamped record never moves activity back.
-    store.apply(ConversationEvent("late", "bot", turn("l0", 0)), 0, 5, 30.0)
-    store.apply(ConversationEvent("late", "bot", turn("l1", 1)), 0, 6, 25.0)
-    store.apply(ConversationEvent("late", "bot", turn("l2", 2)), 0, 7, 36.0)  # 6 s after the latest: one version
-    assert store.take_ready() == [] and store.expire_idle(39.0) == [] and store.take_ready() == []
+    # Record timestamps are only roughly ordered: an earlier-stamped record never moves activity back.
+    table.apply(ConversationEvent("late", "bot", turn("l0", 0)), 30_000)
+    table.apply(ConversationEvent("late", "bot", turn("l1", 1)), 25_000)
+    table.apply(ConversationEvent("late", "bot", turn("l2", 2)), 36_000)  # 6 s after the latest: one version
+    table.advance(39_000)
+    assert table.take_dispatches() == []
 
 
 def test_judge_pool_stop_drains_cancels_and_closes_its_loop() -> None:
@@ -141,10 +154,7 @@ def test_judge_pool_stop_drains_cancels_and_closes_its_loop() -> None:
                 await asyncio.sleep(60)
             return MetricResult(name=self.name, threshold=0.5, model="m", score=1.0, verdict="honest_fallback")
 
-    store = ConversationStore(idle_timeout_s=10)
-    for cid in ("fast", "slow"):
-        store.apply(ConversationEvent(cid, "bot", turn(f"{cid}-0", 0), ended=True), 0, 1, 0.0)
-    fast, slow = store.take_ready()
+    fast, slow = completed("fast", "slow")
     done: list[str] = []
     pool = JudgePool([Judge()], lambda j: done.append(j.job.conversation_id)).start()  # type: ignore[list-item]
     pool.submit(fast)
@@ -198,10 +208,7 @@ def test_delivery_queues_every_judgement_even_when_recording_it_raises() -> None
         def emit(self, judgement: object) -> list[threading.Event]:
             return [acknowledged]
 
-    store = ConversationStore(idle_timeout_s=10)
-    for cid in ("a", "b"):
-        store.apply(ConversationEvent(cid, "bot", turn(f"{cid}-0", 0), ended=True), 0, 1, 0.0)
-    a, b = store.take_ready()
+    a, b = completed("a", "b")
     delivery = Delivery(Raising(), [Sink()], feedback=Raising())  # type: ignore[arg-type]
     delivery.judged(Judgement(a, OUTCOME_JUDGED))
     delivery.not_judged(Judgement(b, OUTCOME_SAMPLED_OUT))
@@ -233,12 +240,9 @@ def test_a_raising_sink_is_counted_and_heard_and_the_others_still_deliver(caplog
             received.append(judgement.job.conversation_id)
 
     registry = CollectorRegistry()
-    store = ConversationStore(idle_timeout_s=10)
-    for cid in ("a", "b", "c"):
-        store.apply(ConversationEvent(cid, "bot", turn(f"{cid}-0", 0), ended=True), 0, 1, 0.0)
     delivery = Delivery(ConsumerInstruments(registry), [BrokenSink(), Sink()])
     with caplog.at_level("WARNING", logger="tracejudge.consumer"):
-        for job in store.take_ready():
+        for job in completed("a", "b", "c"):
             delivery.judged(Judgement(job, OUTCOME_JUDGED))
     finished: list[str] = []
     delivery.drain(lambda j: finished.append(j.job.conversation_id))

@@ -20,11 +20,10 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
+from tests.support import assembly
 from tests.support.judge_server import JudgeServer, conversation_text, verdict
 from tests.support.pipeline import RunningConsumer, consumer_settings, wait_for
-from tracejudge.consumer.adapters import extract, trace_contexts
-from tracejudge.consumer.conversations import ConversationStore, JudgeJob
-from tracejudge.consumer.decode import decode_record
+from tracejudge.consumer.conversation.job import JudgeJob
 from tracejudge.consumer.embedded_broker import EmbeddedBroker
 from tracejudge.consumer.judgement import Judgement
 from tracejudge.tracer import ConversationSpanProcessor, conversation, end_conversation, setup_tracing, traced_agent
@@ -89,17 +88,7 @@ def serve(conversation_id: str, *, traced: bool = False) -> list[Process]:
 
 def assemble(records: list[list[ReadableSpan]], idle_timeout_s: float = 300.0) -> tuple[list[JudgeJob], list[JudgeJob]]:
     """The consumer's assembly of these Kafka records in this order: (completed on arrival, after the idle timeout)."""
-    store = ConversationStore(idle_timeout_s=idle_timeout_s)
-    for offset, spans in enumerate(records):
-        decoded = decode_record(encode_spans(spans).SerializeToString())
-        traces = trace_contexts(decoded)
-        for span in decoded:
-            event = extract(span, traces)
-            if event is not None:
-                store.apply(event, partition=0, offset=offset, now=1.0)
-    on_arrival = store.take_ready()
-    store.expire_idle(1.0 + idle_timeout_s)
-    return on_arrival, store.take_ready()
+    return assembly.assemble([encode_spans(spans).SerializeToString() for spans in records], idle_timeout_s)
 
 
 def questions(job: JudgeJob) -> list[str | None]:
