@@ -3,7 +3,7 @@ text) or a step inside one, and what a user sets when such a span carries no tex
 
 A span "looks like LLM instrumentation" when one convention's own marker says it is a model call or an agent run.
 Without text it is still a turn (so its conversation ends `failed`/`empty_conversation`, never in silence), and it
-is counted and logged with the hint below (consumer/ingest.py).
+is counted and logged with the hint below (consumer/conversation/textless.py).
 """
 
 from __future__ import annotations
