@@ -1,12 +1,13 @@
 """State restore: how long a fresh consumer takes to rebuild its conversations from the changelog before it processes
 a record (what a restart, a rebalance or a scale-out costs a partition that moves).
 
-The changelog is written in the real format (consumer/streams/records.py: `ConversationState.to_json`, the `state`
-kind header) to the group's compacted `<group>-conversations-changelog` on Tansu: conversations of three turns of
-~300 characters each, completed by their end marker and dispatched, as a live table leaves them. A fresh
+The changelog is written in the real format (consumer/streams/records.py: `encode_state`, MessagePack with the
+`state.msgpack` kind header) to the group's compacted `<group>-conversations-changelog` on Tansu: conversations of
+three turns of ~300 characters each, completed by their end marker and dispatched, as a live table leaves them. A fresh
 ConsumerService (role `assemble`) then joins the group; the figure runs from its partitions' assignment to
 `service.assigned` (every partition restored, the "ready" log line); `tracejudge_state_restore_seconds` is reported
-too (per partition; partitions restore side by side through one consumer)."""
+too (per partition; partitions restore side by side through one consumer). The same conversations written as JSON (the
+format before MessagePack, still read) are restored in the same run, side by side."""
 
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ TURNS = 3
 PER = 100_000
 
 
-def states(count: int, chunk: int = 1_000) -> Any:
+def states(count: int, chunk: int = 1_000, *, packed: bool = True) -> Any:
     """(conversation id, changelog value) for `count` conversations, each folded through a real ConversationTable."""
     for start in range(0, count, chunk):
         table = ConversationTable(idle_timeout_s=600)
@@ -58,10 +59,10 @@ def states(count: int, chunk: int = 1_000) -> Any:
         table.take_dispatches()
         changed, _removed = table.take_changes()
         for state in changed:
-            yield state.id, R.dumps(state.to_json())
+            yield state.id, R.encode_state(state) if packed else (R.STATE, R.dumps(state.to_json()))
 
 
-def write_changelog(bootstrap: str, group: str, count: int) -> tuple[int, int]:
+def write_changelog(bootstrap: str, group: str, count: int, *, packed: bool = True) -> tuple[int, int]:
     """The group's internal topics (created as the consumer creates them) and `count` states; (records, bytes)."""
     topics = InternalTopics(group)
     admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="bench-admin")
@@ -71,12 +72,12 @@ def write_changelog(bootstrap: str, group: str, count: int) -> tuple[int, int]:
         admin.close()
     producer = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=20, batch_size=1 << 20, acks="all")
     written = size = 0
-    for cid, value in states(count):
+    for cid, (kind, value) in states(count, packed=packed):
         producer.send(
             topics.changelog,
             key=cid.encode(),
             value=value,
-            headers=R.header(R.STATE),
+            headers=R.header(kind),
             partition=state_partition(cid, PARTITIONS),
         )
         written += 1
@@ -132,12 +133,22 @@ def run(conversations: int = PER, rounds: int = 3) -> dict[str, Any]:
         bootstrap = broker.bootstrap_servers
         topic = f"restore-{uuid.uuid4().hex[:6]}"
         broker.create_topic(topic, PARTITIONS)
-        group = f"restore-{uuid.uuid4().hex[:6]}"
+        group, json_group = f"restore-{uuid.uuid4().hex[:6]}", f"restore-json-{uuid.uuid4().hex[:6]}"
         records, size = write_changelog(bootstrap, group, conversations)
-        runs = [restore_once(bootstrap, topic, group, conversations) for _ in range(rounds)]
+        _, json_size = write_changelog(bootstrap, json_group, conversations, packed=False)
+        runs, json_runs = [], []
+        for _ in range(rounds):  # interleaved: both formats see the same machine
+            runs.append(restore_once(bootstrap, topic, group, conversations))
+            json_runs.append(restore_once(bootstrap, topic, json_group, conversations))
     seconds = sorted(r["seconds"] for r in runs)
     median = seconds[len(seconds) // 2]
+    json_median = sorted(r["seconds"] for r in json_runs)[len(json_runs) // 2]
     return {
+        "json_changelog_bytes": json_size,
+        "json_runs": json_runs,
+        "json_median_s": json_median,
+        "json_seconds_per_100k": json_median * PER / conversations,
+        "ratio_to_json": median / json_median,
         "conversations": conversations,
         "partitions": PARTITIONS,
         "turns_each": TURNS,
