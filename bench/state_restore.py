@@ -6,12 +6,15 @@ The changelog is written in the real format (consumer/streams/records.py: `encod
 three turns of ~300 characters each, completed by their end marker and dispatched, as a live table leaves them. A fresh
 ConsumerService (role `assemble`) then joins the group; the figure runs from its partitions' assignment to
 `service.assigned` (every partition restored, the "ready" log line); `tracejudge_state_restore_seconds` is reported
-too (per partition; partitions restore side by side through one consumer). The same conversations written as JSON (the
-format before MessagePack, still read) are restored in the same run, side by side."""
+too (per partition; partitions restore side by side through one consumer). Each round restores on a fresh disk (an
+empty --state-dir: the whole changelog), then again on the same disk (a restart: the local store from its
+checkpoint, no changelog tail), and the same conversations written as JSON (the format before MessagePack, still
+read) on a fresh disk: side by side in one run."""
 
 from __future__ import annotations
 
 import json
+import tempfile
 import threading
 import time
 import uuid
@@ -87,8 +90,11 @@ def write_changelog(bootstrap: str, group: str, count: int, *, packed: bool = Tr
     return written, size
 
 
-def restore_once(bootstrap: str, topic: str, group: str, count: int, timeout_s: float = 600) -> dict[str, float]:
+def restore_once(
+    bootstrap: str, topic: str, group: str, count: int, state_dir: str, timeout_s: float = 600
+) -> dict[str, float]:
     settings = Settings.from_options(
+        state_dir=state_dir,
         bootstrap_servers=bootstrap,
         topic=topic,
         group_id=group,
@@ -136,14 +142,21 @@ def run(conversations: int = PER, rounds: int = 3) -> dict[str, Any]:
         group, json_group = f"restore-{uuid.uuid4().hex[:6]}", f"restore-json-{uuid.uuid4().hex[:6]}"
         records, size = write_changelog(bootstrap, group, conversations)
         _, json_size = write_changelog(bootstrap, json_group, conversations, packed=False)
-        runs, json_runs = [], []
-        for _ in range(rounds):  # interleaved: both formats see the same machine
-            runs.append(restore_once(bootstrap, topic, group, conversations))
-            json_runs.append(restore_once(bootstrap, topic, json_group, conversations))
+        runs, json_runs, local_runs = [], [], []
+        with tempfile.TemporaryDirectory(prefix="bench-state-") as disks:
+            for n in range(rounds):  # interleaved: the variants see the same machine
+                fresh, again = f"{disks}/{n}", f"{disks}/json-{n}"
+                runs.append(restore_once(bootstrap, topic, group, conversations, fresh))
+                local_runs.append(restore_once(bootstrap, topic, group, conversations, fresh))  # same disk
+                json_runs.append(restore_once(bootstrap, topic, json_group, conversations, again))
+    local_median = sorted(r["seconds"] for r in local_runs)[len(local_runs) // 2]
     seconds = sorted(r["seconds"] for r in runs)
     median = seconds[len(seconds) // 2]
     json_median = sorted(r["seconds"] for r in json_runs)[len(json_runs) // 2]
     return {
+        "same_disk_runs": local_runs,
+        "same_disk_median_s": local_median,
+        "same_disk_seconds_per_100k": local_median * PER / conversations,
         "json_changelog_bytes": json_size,
         "json_runs": json_runs,
         "json_median_s": json_median,

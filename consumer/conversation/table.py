@@ -440,7 +440,7 @@ class ConversationTable:
     def restored(self, *, stored: bool) -> None:
         """The restore ended: the states read are the changelog's (and the store's, when `stored`)."""
         self.take_changes()
-        if not stored:
+        if not stored and self.store is not None:
             self._unstored.update(self.states)
 
     def close(self) -> None:
@@ -466,7 +466,8 @@ class ConversationTable:
 
     def _touch(self, state: ConversationState) -> None:
         self._dirty.add(state.id)
-        self._unstored.add(state.id)
+        if self.store is not None:
+            self._unstored.add(state.id)
 
     def _add_turn(self, state: ConversationState, turn: Turn) -> None:
         # Surrounding whitespace is nobody's words (Strands' str(AgentResult) ends in a newline).

@@ -518,6 +518,9 @@ class Assembler(AsyncConsumerRebalanceListener):
             self._load_restored(task)
             task.restoring = False
             task.table.restored(stored=task.table.store is not None)  # restored state is in the changelog (and store)
+            if task.table.store is not None and task.changelog_position != task.checkpointed:
+                task.changelog_acked = task.changelog_position
+                self._checkpoint(task)  # the store now reflects the changelog to its end
             task.table.take_dispatches()
             elapsed = time.monotonic() - task.restore_started
             self.instruments.restore_seconds.observe(elapsed)
