@@ -1,16 +1,20 @@
 """State restore: how long a fresh consumer takes to rebuild its conversations from the changelog before it processes
 a record (what a restart, a rebalance or a scale-out costs a partition that moves).
 
-The changelog is written in the real format (consumer/streams/records.py: `ConversationState.to_json`, the `state`
-kind header) to the group's compacted `<group>-conversations-changelog` on Tansu: conversations of three turns of
-~300 characters each, completed by their end marker and dispatched, as a live table leaves them. A fresh
+The changelog is written in the real format (consumer/streams/records.py: `encode_state`, MessagePack with the
+`state.msgpack` kind header) to the group's compacted `<group>-conversations-changelog` on Tansu: conversations of
+three turns of ~300 characters each, completed by their end marker and dispatched, as a live table leaves them. A fresh
 ConsumerService (role `assemble`) then joins the group; the figure runs from its partitions' assignment to
 `service.assigned` (every partition restored, the "ready" log line); `tracejudge_state_restore_seconds` is reported
-too (per partition; partitions restore side by side through one consumer)."""
+too (per partition; partitions restore side by side through one consumer). Each round restores on a fresh disk (an
+empty --state-dir: the whole changelog), then again on the same disk (a restart: the local store from its
+checkpoint, no changelog tail), and the same conversations written as JSON (the format before MessagePack, still
+read) on a fresh disk: side by side in one run."""
 
 from __future__ import annotations
 
 import json
+import tempfile
 import threading
 import time
 import uuid
@@ -35,7 +39,7 @@ TURNS = 3
 PER = 100_000
 
 
-def states(count: int, chunk: int = 1_000) -> Any:
+def states(count: int, chunk: int = 1_000, *, packed: bool = True) -> Any:
     """(conversation id, changelog value) for `count` conversations, each folded through a real ConversationTable."""
     for start in range(0, count, chunk):
         table = ConversationTable(idle_timeout_s=600)
@@ -58,10 +62,10 @@ def states(count: int, chunk: int = 1_000) -> Any:
         table.take_dispatches()
         changed, _removed = table.take_changes()
         for state in changed:
-            yield state.id, R.dumps(state.to_json())
+            yield state.id, R.encode_state(state) if packed else (R.STATE, R.dumps(state.to_json()))
 
 
-def write_changelog(bootstrap: str, group: str, count: int) -> tuple[int, int]:
+def write_changelog(bootstrap: str, group: str, count: int, *, packed: bool = True) -> tuple[int, int]:
     """The group's internal topics (created as the consumer creates them) and `count` states; (records, bytes)."""
     topics = InternalTopics(group)
     admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="bench-admin")
@@ -71,12 +75,12 @@ def write_changelog(bootstrap: str, group: str, count: int) -> tuple[int, int]:
         admin.close()
     producer = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=20, batch_size=1 << 20, acks="all")
     written = size = 0
-    for cid, value in states(count):
+    for cid, (kind, value) in states(count, packed=packed):
         producer.send(
             topics.changelog,
             key=cid.encode(),
             value=value,
-            headers=R.header(R.STATE),
+            headers=R.header(kind),
             partition=state_partition(cid, PARTITIONS),
         )
         written += 1
@@ -86,8 +90,11 @@ def write_changelog(bootstrap: str, group: str, count: int) -> tuple[int, int]:
     return written, size
 
 
-def restore_once(bootstrap: str, topic: str, group: str, count: int, timeout_s: float = 600) -> dict[str, float]:
+def restore_once(
+    bootstrap: str, topic: str, group: str, count: int, state_dir: str, timeout_s: float = 600
+) -> dict[str, float]:
     settings = Settings.from_options(
+        state_dir=state_dir,
         bootstrap_servers=bootstrap,
         topic=topic,
         group_id=group,
@@ -132,12 +139,29 @@ def run(conversations: int = PER, rounds: int = 3) -> dict[str, Any]:
         bootstrap = broker.bootstrap_servers
         topic = f"restore-{uuid.uuid4().hex[:6]}"
         broker.create_topic(topic, PARTITIONS)
-        group = f"restore-{uuid.uuid4().hex[:6]}"
+        group, json_group = f"restore-{uuid.uuid4().hex[:6]}", f"restore-json-{uuid.uuid4().hex[:6]}"
         records, size = write_changelog(bootstrap, group, conversations)
-        runs = [restore_once(bootstrap, topic, group, conversations) for _ in range(rounds)]
+        _, json_size = write_changelog(bootstrap, json_group, conversations, packed=False)
+        runs, json_runs, local_runs = [], [], []
+        with tempfile.TemporaryDirectory(prefix="bench-state-") as disks:
+            for n in range(rounds):  # interleaved: the variants see the same machine
+                fresh, again = f"{disks}/{n}", f"{disks}/json-{n}"
+                runs.append(restore_once(bootstrap, topic, group, conversations, fresh))
+                local_runs.append(restore_once(bootstrap, topic, group, conversations, fresh))  # same disk
+                json_runs.append(restore_once(bootstrap, topic, json_group, conversations, again))
+    local_median = sorted(r["seconds"] for r in local_runs)[len(local_runs) // 2]
     seconds = sorted(r["seconds"] for r in runs)
     median = seconds[len(seconds) // 2]
+    json_median = sorted(r["seconds"] for r in json_runs)[len(json_runs) // 2]
     return {
+        "same_disk_runs": local_runs,
+        "same_disk_median_s": local_median,
+        "same_disk_seconds_per_100k": local_median * PER / conversations,
+        "json_changelog_bytes": json_size,
+        "json_runs": json_runs,
+        "json_median_s": json_median,
+        "json_seconds_per_100k": json_median * PER / conversations,
+        "ratio_to_json": median / json_median,
         "conversations": conversations,
         "partitions": PARTITIONS,
         "turns_each": TURNS,

@@ -277,7 +277,7 @@ class Settings(BaseSettings):
     max_open_conversations: int = _env(
         "TRACEJUDGE_MAX_OPEN_CONVERSATIONS",
         100_000,
-        "open conversations at most; past it the least recently active complete (counted)",
+        "open conversations held in memory at most; past it the least recently active wait in the local store on disk",
         group=STATE,
     )
     max_turns_per_conversation: int = _env(
@@ -325,7 +325,16 @@ class Settings(BaseSettings):
     max_state_bytes: int = _env(
         "TRACEJUDGE_MAX_STATE_BYTES",
         512 * 1024 * 1024,
-        "conversation state held in memory at most; past it the oldest completed ones are forgotten",
+        "conversation state held in memory at most; past it the oldest go to the local store on disk",
+        group=STATE,
+    )
+    state_dir: str = _env(
+        "TRACEJUDGE_STATE_DIR",
+        "tracejudge-state",
+        "directory of the local conversation store (RocksDB, one per partition) and its checkpoints (relative: to the"
+        " working directory); a restart on the same directory restores only the changelog's tail",
+        metavar="DIR",
+        see="state.md#the-local-store-on-disk",
         group=STATE,
     )
     max_conversation_bytes: int = _env(

@@ -17,6 +17,13 @@ from tracejudge.consumer.embedded_broker import BrokerUnavailable, EmbeddedBroke
 IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 
 
+@pytest.fixture(autouse=True)
+def _state_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every consumer a test starts (in-process or `tracejudge consume`, which inherits the variable) keeps its local
+    store in a directory of that test's own, never in the working tree; tests of the store pass their own."""
+    monkeypatch.setenv("TRACEJUDGE_STATE_DIR", str(tmp_path_factory.mktemp("state")))
+
+
 def missing_part(what: str) -> None:
     """Under CI a missing broker, Prometheus or promtool fails the test; on a laptop it skips."""
     if IN_CI:

@@ -11,6 +11,11 @@ the judges (a snapshot with a content id) → an outcome comes back (`verdict()`
 continuations (a later turn reopens it with its whole history) and late feedback → forgotten (a tombstone).
 Every span id seen is remembered while the conversation is kept: a redelivered span is never a new turn.
 
+Beyond memory (`store`): a clean conversation (its state as the last commit wrote it to the changelog and the local
+store) may leave memory (`spill_open`, `spill_oldest`) and is read back from the store when an event, a verdict or
+the clock needs it; the table keeps only its id in its orderings. A dirty one stays until the next commit wrote it
+(`stored`): the store never holds a state the changelog lacks, so store and checkpoint stay a valid restore point.
+
 Negative feedback on a conversation whose last snapshot was not judged (sampled out, skipped for budget) completes
 it again, forced; while that snapshot's outcome is unknown the decision waits for `verdict()`.
 """
@@ -19,6 +24,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter, OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Protocol
 
@@ -124,6 +130,12 @@ class Dispatch:
     completed_ms: int
 
 
+class SpillStore(Protocol):
+    """Where conversations that left memory are read back from (`store.LocalStore`)."""
+
+    def get(self, conversation_id: str) -> ConversationState | None: ...
+
+
 class MemoryBound:
     """Bytes held by every table of the process (shared), against `max_bytes`."""
 
@@ -158,6 +170,7 @@ class ConversationTable:
         retention_s: float = 86_400.0,
         end_grace_s: float = 2.0,
         memory: MemoryBound | None = None,
+        store: SpillStore | None = None,
     ) -> None:
         self.idle_ms = int(idle_timeout_s * 1000)
         self.max_turns = max_turns
@@ -166,7 +179,11 @@ class ConversationTable:
         self.end_grace_ms = int(end_grace_s * 1000)
         self._ending: dict[str, int] = {}  # conversation id → when its end marker completes it
         self.memory = memory or MemoryBound(1 << 62)
-        self.states: dict[str, ConversationState] = {}
+        self.states: dict[str, ConversationState] = {}  # those in memory
+        self.store = store
+        self._spilled: set[str] = set()  # in the store only
+        self._spilled_open = 0  # of which open
+        self._unstored: set[str] = set()  # in memory, changed since the store last got them
         self._open: OrderedDict[str, None] = OrderedDict()  # by last activity (record time, roughly ordered)
         self._completed: OrderedDict[str, None] = OrderedDict()  # by completion
         self._dirty: set[str] = set()
@@ -189,14 +206,46 @@ class ConversationTable:
     # -- reading ---------------------------------------------------------------------------------------------------
 
     def __len__(self) -> int:
-        return len(self.states)
+        return len(self.states) + len(self._spilled)
 
     @property
     def open_count(self) -> int:
         return len(self._open)
 
+    @property
+    def resident_open_count(self) -> int:
+        """Open conversations held in memory (the others wait in the store)."""
+        return len(self._open) - self._spilled_open
+
+    @property
+    def spilled_count(self) -> int:
+        return len(self._spilled)
+
     def get(self, conversation_id: str) -> ConversationState | None:
-        return self.states.get(conversation_id)
+        """The conversation as it stands (read from the store if it left memory; it stays there)."""
+        state = self.states.get(conversation_id)
+        if state is None and conversation_id in self._spilled and self.store is not None:
+            return self.store.get(conversation_id)
+        return state
+
+    def _resident(self, conversation_id: str) -> ConversationState | None:
+        """The conversation in memory, read back from the store if it left (None: the table does not hold it)."""
+        state = self.states.get(conversation_id)
+        if state is not None or conversation_id not in self._spilled:
+            return state
+        assert self.store is not None
+        state = self.store.get(conversation_id)
+        self._unspill(conversation_id)
+        if state is None:  # the store lost it (it cannot: written before it left); forgotten, counted
+            self.counts["spilled_lost"] += 1
+            self._open.pop(conversation_id, None)
+            self._completed.pop(conversation_id, None)
+            self._ending.pop(conversation_id, None)
+            return None
+        self.states[conversation_id] = state
+        self.memory.used += state.size
+        self.counts["read_back"] += 1
+        return state
 
     # -- events ----------------------------------------------------------------------------------------------------
 
@@ -205,7 +254,7 @@ class ConversationTable:
         keyed by conversation id, read where it was written); when any event of a conversation did not, its end
         marker waits `end_grace_s` for turns still being routed from other partitions."""
         cid = event.conversation_id
-        state = self.states.get(cid)
+        state = self._resident(cid)
         if state is not None and state.status == OPEN and state.spans and ts_ms - state.last_ms >= self.idle_ms:
             self._complete(state, "idle_timeout", state.last_ms + self.idle_ms)  # idle before this event came
         if event.turn is not None and state is not None and state.seen(event.turn.span_id):
@@ -253,7 +302,7 @@ class ConversationTable:
 
     def verdict(self, conversation_id: str, cid_content: str, outcome: str, ts_ms: int) -> None:
         """The judges' outcome for a snapshot (judged, failed, sampled out, skipped for budget)."""
-        state = self.states.get(conversation_id)
+        state = self._resident(conversation_id)
         if state is None or cid_content not in state.dispatched:
             return
         state.dispatched[cid_content] = outcome
@@ -277,23 +326,33 @@ class ConversationTable:
         lagging or reassigned partition is never cut off."""
         routed_ms = now_ms if upstream_ms is None else min(now_ms, upstream_ms)
         for cid, due in list(self._ending.items()):
-            ending = self.states.get(cid)
+            if due > now_ms:
+                continue
+            ending = self.get(cid)
             clock = routed_ms if ending is not None and ending.reordered else now_ms
             if due <= clock:
                 del self._ending[cid]
                 if ending is not None and ending.status == OPEN and ending.end_due_ms is not None:
-                    self._complete(ending, "end_marker", due)
+                    ending = self._resident(cid)
+                    if ending is not None:
+                        self._complete(ending, "end_marker", due)
         waiting: list[str] = []  # idle by this partition's clock, not yet by the routed one
         while self._open:
             cid = next(iter(self._open))
-            state = self.states[cid]
-            if now_ms - state.last_ms < self.idle_ms:
+            peeked = self.get(cid)
+            if peeked is None:
+                self._resident(cid)  # gone from the store: dropped from the orderings, counted
+                continue
+            if now_ms - peeked.last_ms < self.idle_ms:
                 break
-            if state.reordered and routed_ms - state.last_ms < self.idle_ms:
+            if peeked.reordered and routed_ms - peeked.last_ms < self.idle_ms:
                 waiting.append(cid)
                 self._open.move_to_end(cid)
                 if len(waiting) >= len(self._open):
                     break
+                continue
+            state = self._resident(cid)
+            if state is None:
                 continue
             if state.spans:
                 self._complete(state, "idle_timeout", state.last_ms + self.idle_ms)
@@ -301,7 +360,9 @@ class ConversationTable:
                 self._forget(state, "empty")
         expired: list[ConversationState] = []
         for cid in self._completed:  # by completion time: stops at the first one still within retention
-            state = self.states[cid]
+            state = self.get(cid)
+            if state is None:
+                continue
             if state.completed_ms is None or now_ms - state.completed_ms < self.retention_ms:
                 break
             unanswered = any(outcome is None for outcome in state.dispatched.values())
@@ -314,10 +375,11 @@ class ConversationTable:
             self._forget(state, "retention")
 
     def complete_oldest(self, now_ms: int) -> bool:
-        """Complete the least recently active open conversation (a bound was reached); False when none is open."""
-        if not self._open:
+        """Complete the least recently active open conversation (a bound was reached and the store cannot take it);
+        False when none is open."""
+        state = next((self.states[cid] for cid in self._open if cid in self.states), None)
+        if state is None:
             return False
-        state = self.states[next(iter(self._open))]
         self.counts["completed_at_bound"] += 1
         if state.spans:
             self._complete(state, "memory_bound", max(now_ms, state.last_ms))
@@ -330,32 +392,87 @@ class ConversationTable:
         return out
 
     def take_changes(self) -> tuple[list[ConversationState], list[str]]:
-        """Conversations changed and forgotten since the last call (for the changelog)."""
+        """Conversations changed and forgotten since the last call (for the changelog and the store)."""
         changed = [self.states[cid] for cid in self._dirty if cid in self.states]
         removed = list(self._removed)
         self._dirty, self._removed = set(), set()
         return changed, removed
 
-    def restore(self, state: ConversationState | None, conversation_id: str) -> None:
-        """A changelog record: the conversation as last written (None: forgotten)."""
+    def unstored(self) -> list[ConversationState]:
+        """Conversations in memory whose latest state the store has not got (changed, or a store write failed)."""
+        return [self.states[cid] for cid in self._unstored if cid in self.states]
+
+    def stored(self, conversation_ids: Iterable[str]) -> None:
+        """The store now holds these conversations as they are (and the changelog too): they may leave memory."""
+        for cid in conversation_ids:
+            if cid not in self._dirty:
+                self._unstored.discard(cid)
+
+    def spill_open(self, count: int) -> int:
+        """Up to `count` least recently active open conversations leave memory (clean ones only); how many left."""
+        return self._spill(self._open, count)
+
+    def spill_oldest(self, count: int) -> int:
+        """Up to `count` conversations leave memory, the oldest completed first, then the least recently active open
+        ones (clean ones only); how many left."""
+        done = self._spill(self._completed, count)
+        return done + self._spill(self._open, count - done) if done < count else done
+
+    def _spill(self, order: OrderedDict[str, None], count: int) -> int:
+        if self.store is None or count <= 0:
+            return 0
+        done = 0
+        for cid in order:
+            if done >= count:
+                break
+            state = self.states.get(cid)
+            if state is None or cid in self._unstored or cid in self._dirty:
+                continue
+            del self.states[cid]
+            self.memory.used -= state.size
+            self._spilled.add(cid)
+            self._spilled_open += cid in self._open
+            done += 1
+        self.counts["spilled"] += done
+        return done
+
+    def restore(self, state: ConversationState | None, conversation_id: str, *, resident: bool = True) -> None:
+        """A changelog record: the conversation as last written (None: forgotten). `resident=False`: it stays in
+        the store, which already holds it (restoring more than the memory bounds allow)."""
         old = self.states.pop(conversation_id, None)
         if old is not None:
             self.memory.used -= old.size
-            self._open.pop(conversation_id, None)
-            self._completed.pop(conversation_id, None)
+        self._unspill(conversation_id)
+        self._unstored.discard(conversation_id)
+        self._open.pop(conversation_id, None)
+        self._completed.pop(conversation_id, None)
+        self._ending.pop(conversation_id, None)
         if state is None:
             return
-        self.states[conversation_id] = state
-        self.memory.used += state.size
+        if resident or self.store is None:
+            self.states[conversation_id] = state
+            self.memory.used += state.size
+        else:
+            self._spilled.add(conversation_id)
+            self._spilled_open += state.status == OPEN
         (self._open if state.status == OPEN else self._completed)[conversation_id] = None
         if state.status == OPEN and state.end_due_ms is not None:
             self._ending[conversation_id] = state.end_due_ms
+
+    def restored(self, *, stored: bool) -> None:
+        """The restore ended: the states read are the changelog's (and the store's, when `stored`)."""
+        self.take_changes()
+        if not stored and self.store is not None:
+            self._unstored.update(self.states)
 
     def close(self) -> None:
         """The partition left this process: its memory goes (its state stays in the changelog)."""
         for state in self.states.values():
             self.memory.used -= state.size
         self.states.clear()
+        self._spilled.clear()
+        self._spilled_open = 0
+        self._unstored.clear()
         self._open.clear()
         self._completed.clear()
         self._outbox.clear()
@@ -363,8 +480,16 @@ class ConversationTable:
 
     # -- internals -------------------------------------------------------------------------------------------------
 
+    def _unspill(self, conversation_id: str) -> None:
+        """Out of the store-only set (before its orderings change)."""
+        if conversation_id in self._spilled:
+            self._spilled.remove(conversation_id)
+            self._spilled_open -= conversation_id in self._open
+
     def _touch(self, state: ConversationState) -> None:
         self._dirty.add(state.id)
+        if self.store is not None:
+            self._unstored.add(state.id)
 
     def _add_turn(self, state: ConversationState, turn: Turn) -> None:
         # Surrounding whitespace is nobody's words (Strands' str(AgentResult) ends in a newline).
@@ -504,23 +629,25 @@ class ConversationTable:
 
     def _forget(self, state: ConversationState, reason: str) -> None:
         self._ending.pop(state.id, None)
-        del self.states[state.id]
+        if self.states.pop(state.id, None) is not None:
+            self.memory.used -= state.size
+        self._unspill(state.id)
+        self._unstored.discard(state.id)
         self._open.pop(state.id, None)
         self._completed.pop(state.id, None)
-        self.memory.used -= state.size
         self._dirty.discard(state.id)
         self._removed.add(state.id)
         self.counts[f"forgotten_{reason}"] += 1
 
     def oldest_completed_ms(self) -> int | None:
         """When the oldest completed conversation completed (for process-wide eviction), None when there is none."""
-        if not self._completed:
-            return None
-        return self.states[next(iter(self._completed))].completed_ms or 0
+        state = next((self.states[cid] for cid in self._completed if cid in self.states), None)
+        return None if state is None else state.completed_ms or 0
 
     def forget_oldest_completed(self) -> bool:
         """The memory bound: forget the oldest completed conversation (counted); False when none is kept."""
-        if not self._completed:
+        state = next((self.states[cid] for cid in self._completed if cid in self.states), None)
+        if state is None:
             return False
-        self._forget(self.states[next(iter(self._completed))], "memory")
+        self._forget(state, "memory")
         return True

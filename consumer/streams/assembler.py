@@ -22,6 +22,7 @@ of the tasks it owns, and a producer. Owning input partition p makes this proces
 
 from __future__ import annotations
 
+import gc
 import logging
 import threading
 import time
@@ -40,6 +41,8 @@ from tracejudge._shared.text import clip
 from ..adapters import ConversationEvent
 from ..conversation.job import MAX_FIELD_CHARS, JudgeJob
 from ..conversation.reading import read_events
+from ..conversation.store import LocalStore, StoreError, tagged
+from ..conversation.store import decode as store_decode
 from ..conversation.table import COMPLETED, OPEN, ConversationState, ConversationTable, MemoryBound
 from ..conversation.textless import TextlessSpans
 from ..emit import KafkaWriter
@@ -50,6 +53,7 @@ from .instruments import StreamsInstruments
 from .membership import close_staying
 from .partitioner import state_partition
 from .probe import forget_highwater, restore_highwater
+from .state_directory import StateDirectory
 from .topics import InternalTopics
 
 logger = logging.getLogger("tracejudge.consumer.streams")
@@ -60,6 +64,9 @@ FETCH_WAIT_MS = 1_000  # a fetch in flight when a high watermark is dropped was 
 
 
 ROUTED_RECORD_BYTES = 512 * 1024
+PRODUCER_BATCH_BYTES = 256 * 1024
+RESTORE_RECORDS = 10_000  # records a poll of the changelog may return: restoration reads in bulk
+RESTORE_FETCH_BYTES = 8 * 1024 * 1024  # per partition and fetch (kafka-python's default is 1 MiB)
 
 
 def _clipped(event: ConversationEvent) -> dict[str, Any]:
@@ -93,6 +100,12 @@ def _chunks(events: list[dict[str, Any]]) -> list[bytes]:
     return out
 
 
+def _acknowledged(task: Task, meta: Any) -> None:
+    offset = getattr(meta, "offset", None)
+    if isinstance(offset, int) and offset >= 0:
+        task.changelog_acked = max(task.changelog_acked or 0, offset + 1)
+
+
 def wall_ms() -> int:
     return int(time.time() * 1000)
 
@@ -115,6 +128,13 @@ class Task:
     highwater_dropped_ms: int | None = None  # when the group consumer's remembered high watermark was dropped
     highwater_seen: int | None = None  # the last high watermark a fetch answered (for the lag gauge)
     unflushed: dict[str, ConversationState | None] = field(default_factory=dict)
+    # While restoring: the changelog's latest record per conversation (kind, value), decoded once at the end (a
+    # state the changelog holds several times, not compacted yet, is read once).
+    restored: dict[bytes, tuple[str | None, bytes | None]] = field(default_factory=dict)
+    store: LocalStore | None = None  # the local store on disk (None: it could not be opened; memory only)
+    store_failing: bool = False  # its last write failed (a full disk): no checkpoint until one succeeds
+    checkpointed: int | None = None  # the changelog offset the store was restored from (its checkpoint)
+    changelog_acked: int | None = None  # next offset after this task's last acknowledged changelog write
     positions_dirty: bool = False
     reported: dict[str, int] = field(default_factory=dict)  # table counts already exported
     sources: dict[int, int] = field(default_factory=dict)  # input partition → its routed watermark (ms)
@@ -158,6 +178,9 @@ class Assembler(AsyncConsumerRebalanceListener):
         self._lag_reported: set[int] = set()
         self._last_watermarks = 0.0
         self._last_probe = 0.0
+        self.state_dir = StateDirectory(settings.state_dir, settings.group_id, settings.group_instance_id)
+        self._store_log = RateLimitedLog(logger, interval_s=30.0)
+        self._bound_log = RateLimitedLog(logger, interval_s=30.0)
 
     # -- lifecycle -------------------------------------------------------------------------------------------------
 
@@ -166,13 +189,16 @@ class Assembler(AsyncConsumerRebalanceListener):
 
     def _new_producer(self) -> KafkaProducer:
         settings = self.settings
-        return self.producer_factory(
-            bootstrap_servers=settings.bootstrap_servers,
-            client_id="tracejudge-state",
-            acks="all",
-            linger_ms=5,
-            **settings.producer_config(),
-        )
+        # Large batches: a commit writes its changed conversations in a burst, and kafka-python wakes its sender
+        # each time a send opens a new batch (per record, with 2 KiB states in the default 16 KiB batches).
+        config: dict[str, Any] = {
+            "bootstrap_servers": settings.bootstrap_servers,
+            "client_id": "tracejudge-state",
+            "acks": "all",
+            "linger_ms": 5,
+            "batch_size": PRODUCER_BATCH_BYTES,
+        }
+        return self.producer_factory(**{**config, **settings.producer_config()})
 
     def _renew_producer(self) -> None:
         """A send failed for good: a fresh producer (an idempotent producer whose id the brokers forgot, e.g. after
@@ -208,8 +234,8 @@ class Assembler(AsyncConsumerRebalanceListener):
             enable_auto_commit=False,
             group_id=None,
             auto_offset_reset="earliest",
-            max_poll_records=2000,
-            **side_config,
+            max_poll_records=RESTORE_RECORDS,
+            **{"max_partition_fetch_bytes": RESTORE_FETCH_BYTES, "fetch_max_wait_ms": 50, **side_config},
         )
         self.group = self.consumer_factory(**group_config)
         self.group.subscribe([settings.topic], listener=self)
@@ -224,7 +250,8 @@ class Assembler(AsyncConsumerRebalanceListener):
     def step(self) -> None:
         """One round of the stream thread: poll, restore, process, complete, dispatch, maybe commit."""
         assert self.group is not None and self.side is not None
-        batches = self.group.poll(timeout_ms=100, max_records=500)
+        restoring = any(task.restoring for task in self.tasks.values())
+        batches = self.group.poll(timeout_ms=0 if restoring else 100, max_records=500)
         self._sync_side()
         for tp, records in batches.items():
             task = self.tasks.get(tp.partition)
@@ -235,13 +262,15 @@ class Assembler(AsyncConsumerRebalanceListener):
                 self._input(task, record)
             task.input_position = records[-1].offset + 1
             task.positions_dirty = True
-        side = self.side.poll(timeout_ms=0 if batches else 50, max_records=2000) if self._side_assignment else {}
+        wait = 0 if batches else 50
+        side = self.side.poll(timeout_ms=wait, max_records=RESTORE_RECORDS) if self._side_assignment else {}
         for tp, records in side.items():
             task = self.tasks.get(tp.partition)
             if task is None:
                 continue
             if tp.topic == self.topics.changelog:
                 if task.restoring:
+                    self.instruments.restored.inc(len(records))
                     for record in records:
                         self._restore(task, record)
                     task.changelog_position = records[-1].offset + 1
@@ -283,7 +312,8 @@ class Assembler(AsyncConsumerRebalanceListener):
         if self.dead_letter is not None:
             self.dead_letter.close(max(0.5, grace_s))
         for task in self.tasks.values():
-            task.table.close()
+            self._close_task(task)
+        self.state_dir.close()
 
     # -- rebalance (kafka-python's IO thread, while the stream thread waits in poll()) -------------------------------
 
@@ -297,7 +327,7 @@ class Assembler(AsyncConsumerRebalanceListener):
         assert self.group is not None
         self.group.pause(*[TopicPartition(self.settings.topic, p) for p in mine])  # processed once restored
         for partition in mine:
-            self.tasks[partition] = Task(partition, self._table())
+            self.tasks[partition] = self._new_task(partition)
         logger.info("partitions assigned: %s (restoring their state)", sorted(mine))
 
     async def on_partitions_revoked(self, revoked: Any) -> None:
@@ -324,13 +354,13 @@ class Assembler(AsyncConsumerRebalanceListener):
         for partition in partitions:
             task = self.tasks.pop(partition, None)
             if task is not None:
-                task.table.close()
+                self._close_task(task)
         self.prometheus.forget_partitions(partitions)
         self._lag_reported -= partitions
 
     # -- the stream thread -----------------------------------------------------------------------------------------
 
-    def _table(self) -> ConversationTable:
+    def _table(self, store: LocalStore | None = None) -> ConversationTable:
         settings = self.settings
         return ConversationTable(
             idle_timeout_s=settings.session_idle_timeout,
@@ -339,6 +369,42 @@ class Assembler(AsyncConsumerRebalanceListener):
             retention_s=settings.state_retention,
             end_grace_s=settings.end_grace,
             memory=self.memory,
+            store=store,
+        )
+
+    def _new_task(self, partition: int) -> Task:
+        """A task with its local store and, when the store has a checkpoint, the changelog read from there on."""
+        store: LocalStore | None = None
+        try:
+            store = self.state_dir.open_store(partition)
+        except (StoreError, OSError) as exc:
+            self._store_failed(exc, partition)
+        task = Task(partition, self._table(store), store=store)
+        checkpoint = self.state_dir.read_checkpoint(partition) if store is not None else None
+        if checkpoint is not None:
+            task.changelog_position = task.checkpointed = int(checkpoint["changelog"])
+            positions = checkpoint.get("positions") or {}
+            task.repartition_position = int(positions.get("repartition") or 0)
+            task.watermark_ms = int(positions.get("watermark") or 0)
+            task.sources = {int(k): int(v) for k, v in (positions.get("sources") or {}).items()}
+        return task
+
+    def _close_task(self, task: Task) -> None:
+        task.table.close()
+        if task.store is not None:
+            task.store.close()
+
+    def _store_failed(self, exc: BaseException, partition: int) -> None:
+        reason = exc.reason if isinstance(exc, StoreError) else "io"
+        self.instruments.store_errors.labels(reason=reason).inc()
+        self._store_log.warning(
+            "partition %d: the local store under --state-dir %s failed (%s): %s. Its conversations stay in memory,"
+            " and past --max-open-conversations / --max-state-bytes the least recently active complete early"
+            " (completed_by=memory_bound); free space on that volume or grow it (docs/state.md, the local store)",
+            partition,
+            self.settings.state_dir,
+            reason,
+            exc,
         )
 
     def _sync_side(self) -> None:
@@ -363,7 +429,7 @@ class Assembler(AsyncConsumerRebalanceListener):
         self._side_owners = owners
 
     def _restore(self, task: Task, record: Any) -> None:
-        self.instruments.restored.inc()
+        """One changelog record: positions are taken at once, a state kept raw until the restore ends."""
         kind = R.kind_of(record.headers)
         try:
             if kind == R.POSITIONS:
@@ -372,12 +438,69 @@ class Assembler(AsyncConsumerRebalanceListener):
                 task.watermark_ms = max(task.watermark_ms, int(positions.get("watermark", 0)))
                 for source, ms in (positions.get("sources") or {}).items():
                     task.sources[int(source)] = max(task.sources.get(int(source), 0), int(ms))
-            elif kind == R.STATE and record.key is not None:
-                cid = record.key.decode("utf-8", "surrogatepass")
-                state = None if record.value is None else ConversationState.from_json(R.loads(record.value))
-                task.table.restore(state, cid)
+            elif kind in R.STATES and record.key is not None:
+                task.restored[record.key] = (kind, record.value)
         except Exception as exc:  # a changelog record we cannot read costs that conversation, never the partition
             logger.warning("unreadable changelog record at %d/%d: %r", record.partition, record.offset, exc)
+
+    def _load_restored(self, task: Task) -> None:
+        """The restored states into the table, each decoded once (its latest record). With a local store: the
+        changelog's tail goes into the store, then the store into the table, in memory up to the bounds."""
+        restored, task.restored = task.restored, {}
+        collecting = gc.isenabled()
+        gc.disable()  # decoding makes no cycles; the collector's passes over the growing heap cost ~4x the decode
+        try:
+            if task.store is not None and self._store_tail(task, restored):
+                self._load_store(task)
+                return
+            if task.store is not None:  # the tail could not be stored: the store's older states, then the tail
+                self._load_store(task)
+                task.table.store = None  # nothing may leave memory for a store that lacks the tail
+            for key, (kind, value) in restored.items():
+                cid = key.decode("utf-8", "surrogatepass")
+                try:
+                    task.table.restore(None if value is None else R.decode_state(kind, value), cid)
+                except Exception as exc:  # an unreadable state costs that conversation, never the partition
+                    logger.warning("unreadable changelog state of conversation %r: %r", cid, exc)
+        finally:
+            if collecting:
+                gc.enable()
+
+    def _store_tail(self, task: Task, restored: dict[bytes, tuple[str | None, bytes | None]]) -> bool:
+        assert task.store is not None
+        puts: list[tuple[str, bytes]] = []
+        deletes: list[str] = []
+        for key, (kind, value) in restored.items():
+            cid = key.decode("utf-8", "surrogatepass")
+            if value is None:
+                deletes.append(cid)
+            else:
+                puts.append((cid, tagged(kind == R.STATE_PACKED, value)))
+        try:
+            task.store.write(puts, deletes)
+            return True
+        except StoreError as exc:
+            task.store_failing = True
+            self._store_failed(exc, task.partition)
+            return False
+
+    def _load_store(self, task: Task) -> None:
+        """Every conversation of the store into the table: in memory while the process is within its bounds."""
+        assert task.store is not None
+        settings = self.settings
+        for cid, value in task.store.items():
+            try:
+                state = store_decode(value)
+            except Exception as exc:  # an unreadable state costs that conversation, never the partition
+                logger.warning("unreadable stored state of conversation %r: %r", cid, exc)
+                continue
+            resident = not self.memory.over and (
+                state.status != OPEN or self._resident_open() < settings.max_open_conversations
+            )
+            task.table.restore(state, cid, resident=resident)
+
+    def _resident_open(self) -> int:
+        return sum(task.table.resident_open_count for task in self.tasks.values())
 
     def _finish_restores(self) -> None:
         assert self.side is not None and self.group is not None
@@ -386,23 +509,48 @@ class Assembler(AsyncConsumerRebalanceListener):
                 continue
             tp = TopicPartition(self.topics.changelog, task.partition)
             end = self.side.highwater(tp)
+            if end is not None and task.checkpointed is not None and task.checkpointed > end:
+                self._distrust_store(task, end)  # a changelog younger than the store (the topic was recreated)
+                continue
             if end is None or task.changelog_position < end:
                 continue
+            self._load_restored(task)
             task.restoring = False
-            task.table.take_changes()  # restored state is already in the changelog
+            task.table.restored(stored=task.table.store is not None)  # restored state is in the changelog (and store)
+            if task.table.store is not None and task.changelog_position != task.checkpointed:
+                task.changelog_acked = task.changelog_position
+                self._checkpoint(task)  # the store now reflects the changelog to its end
             task.table.take_dispatches()
             elapsed = time.monotonic() - task.restore_started
             self.instruments.restore_seconds.observe(elapsed)
             self.group.resume(TopicPartition(self.settings.topic, task.partition))
             logger.info(
-                "partition %d restored: %d conversations from %d changelog records in %.2fs",
+                "partition %d restored: %d conversations (%d on disk) from changelog records %d..%d in %.2fs%s",
                 task.partition,
                 len(task.table),
+                task.table.spilled_count,
+                task.checkpointed or 0,
                 end,
                 elapsed,
+                " (the local store's checkpoint)" if task.checkpointed else "",
             )
         if self.tasks and not any(task.restoring for task in self.tasks.values()):
             self.assigned.set()
+
+    def _distrust_store(self, task: Task, end: int) -> None:
+        logger.warning(
+            "partition %d: the local store's checkpoint (changelog offset %s) is past the changelog's end (%d):"
+            " restoring from the changelog's start",
+            task.partition,
+            task.checkpointed,
+            end,
+        )
+        assert task.store is not None
+        task.store.wipe()
+        self.state_dir.clear_checkpoint(task.partition)
+        fresh = Task(task.partition, self._table(task.store), store=task.store)
+        fresh.restore_started = task.restore_started
+        self.tasks[task.partition] = fresh  # a new task: `_sync_side` seeks its changelog partition to 0
 
     def _timestamp(self, record: Any) -> int:
         now = wall_ms()
@@ -566,23 +714,62 @@ class Assembler(AsyncConsumerRebalanceListener):
                 if target != task.partition:
                     self._send(self.topics.repartition, R.WATERMARK_KEY, value, R.WATERMARK, partition=target)
 
+    def _spill(self, excess: int, *, open_only: bool) -> int:
+        """Up to `excess` clean conversations leave memory for their local stores, from the tables holding the
+        most; when every one left is dirty, a commit writes them first (Kafka Streams flushes its record cache when
+        full). Returns what is still over."""
+        for attempt in range(2):
+            holders = [t for t in self.tasks.values() if not t.restoring and t.table.store is not None]
+            holders.sort(key=lambda t: t.table.resident_open_count if open_only else len(t.table.states), reverse=True)
+            for task in holders:
+                if excess <= 0:
+                    return 0
+                table = task.table
+                excess -= table.spill_open(excess) if open_only else table.spill_oldest(excess)
+            if excess <= 0 or attempt or not holders:
+                return max(excess, 0)
+            self.commit()
+        return max(excess, 0)
+
     def _bound_open(self) -> None:
-        """Past --max-open-conversations, the least recently active open conversations complete (`memory_bound`,
-        counted): pausing cannot help, since a paused partition's clock stands still and nothing would complete.
-        Restoring partitions take no part: what they hold is already in the changelog."""
+        """Past --max-open-conversations (held in memory), the least recently active open conversations wait in the
+        local store. What no store can take (it could not be opened, its disk is full, or a commit failed) completes
+        early (`memory_bound`, counted and said): pausing cannot help, since a paused partition's clock stands
+        still. Restoring partitions take no part: what they hold is already in the changelog."""
         active = [task for task in self.tasks.values() if not task.restoring]
-        excess = sum(task.table.open_count for task in active) - self.settings.max_open_conversations
+        excess = sum(task.table.resident_open_count for task in active) - self.settings.max_open_conversations
+        if excess <= 0:
+            return
+        excess = self._spill(excess, open_only=True)
+        if excess > 0:
+            self._cut("--max-open-conversations", excess)
         while excess > 0 and active:
-            busiest = max(active, key=lambda t: t.table.open_count)
-            if busiest.table.open_count == 0 or not busiest.table.complete_oldest(busiest.watermark_ms):
+            busiest = max(active, key=lambda t: t.table.resident_open_count)
+            if busiest.table.resident_open_count == 0 or not busiest.table.complete_oldest(busiest.watermark_ms):
                 return
             excess -= 1
 
+    def _cut(self, bound: str, excess: int) -> None:
+        self._bound_log.warning(
+            "past %s with %d conversations the local store cannot take (see tracejudge_state_store_errors_total):"
+            " the least recently active complete early on the turns read so far (completed_by=memory_bound);"
+            " free space under --state-dir, or raise the bound",
+            bound,
+            excess,
+        )
+
     def _bound_memory(self) -> None:
-        """Past --max-state-bytes, process-wide: the oldest completed conversation of any partition is forgotten
-        first; only when none is left do the least recently active open ones complete (`memory_bound`, counted),
+        """Past --max-state-bytes, process-wide: the oldest clean conversations leave memory for the local store
+        (completed first). Without a store to take them, as before it: the oldest completed conversation of any
+        partition is forgotten first, then the least recently active open ones complete (`memory_bound`, counted),
         to be forgotten in turn once they were dispatched."""
         active = [task for task in self.tasks.values() if not task.restoring]
+        while self.memory.over and active:
+            if self._spill(64, open_only=False) < 64:
+                continue
+            break
+        if self.memory.over and active:
+            self._cut("--max-state-bytes", 1)
         while self.memory.over and active:
             kept = [(t.table.oldest_completed_ms(), t) for t in active]
             candidates = [(ms, t) for ms, t in kept if ms is not None]
@@ -610,7 +797,10 @@ class Assembler(AsyncConsumerRebalanceListener):
                 )
                 self.instruments.completed.labels(completed_by=job.completed_by).inc()
 
-    def _send(self, topic: str, key: str | bytes, value: bytes | None, kind: str, **kwargs: Any) -> None:
+    def _send(
+        self, topic: str, key: str | bytes, value: bytes | None, kind: str, *, acked: Task | None = None, **kwargs: Any
+    ) -> None:
+        """`acked`: the task whose `changelog_acked` follows this record's acknowledgement."""
         assert self.producer is not None
         raw_key = key if isinstance(key, bytes) else key.encode("utf-8", "surrogatepass")
         try:
@@ -620,6 +810,8 @@ class Assembler(AsyncConsumerRebalanceListener):
             return
         producer = self.producer  # a renewed producer's aborted sends were already recovered from
         future.add_errback(lambda exc: self._send_error(topic, exc) if producer is self.producer else None)
+        if acked is not None:
+            future.add_callback(lambda meta: _acknowledged(acked, meta))
 
     def _send_error(self, topic: str, exc: BaseException) -> None:
         self._send_failed = True
@@ -668,41 +860,83 @@ class Assembler(AsyncConsumerRebalanceListener):
             for task in [t for t in self.tasks.values() if not t.restoring]:
                 self._recover(task)
             return {}
+        written: dict[int, dict[str, tuple[str, bytes | None]]] = {}
         for task in tasks:
             changed, removed = task.table.take_changes()
             for state in changed:
                 task.unflushed[state.id] = state
             for cid in removed:
                 task.unflushed[cid] = None
+            encoded = written[task.partition] = {}
             for cid, unflushed in task.unflushed.items():
-                value = None if unflushed is None else R.dumps(unflushed.to_json())
-                self._send(self.topics.changelog, cid, value, R.STATE, partition=task.partition)
+                kind, value = (R.STATE_PACKED, None) if unflushed is None else R.encode_state(unflushed)
+                encoded[cid] = (kind, value)
+                self._send(self.topics.changelog, cid, value, kind, partition=task.partition)
         if not self._flushed(timeout_s) or self._failed_again(revoking):
             return {}  # the changes stay unflushed and go out again at the next commit
         for task in tasks:
+            self._store_changes(task, written[task.partition])  # after the changelog has them, as Kafka Streams
             if task.unflushed:
                 task.positions_dirty = True
             task.unflushed.clear()
             if task.positions_dirty:
-                positions = {
-                    "input": task.input_position,
-                    "repartition": task.repartition_position,
-                    "watermark": task.watermark_ms,
-                    "sources": {str(k): v for k, v in task.sources.items()},
-                }
                 self._send(
-                    self.topics.changelog, R.POSITIONS_KEY, R.dumps(positions), R.POSITIONS, partition=task.partition
+                    self.topics.changelog,
+                    R.POSITIONS_KEY,
+                    R.dumps(self._positions(task)),
+                    R.POSITIONS,
+                    partition=task.partition,
+                    acked=task,
                 )
         if not self._flushed(timeout_s) or self._failed_again(revoking):
             return {}
         offsets: dict[TopicPartition, OffsetAndMetadata] = {}
         for task in tasks:
+            if task.positions_dirty:
+                self._checkpoint(task)
             task.positions_dirty = False
             if task.input_position is not None and task.input_position != task.committed_input:
                 offsets[TopicPartition(self.settings.topic, task.partition)] = OffsetAndMetadata(
                     task.input_position, "", -1
                 )
         return offsets
+
+    @staticmethod
+    def _positions(task: Task) -> dict[str, Any]:
+        return {
+            "input": task.input_position,
+            "repartition": task.repartition_position,
+            "watermark": task.watermark_ms,
+            "sources": {str(k): v for k, v in task.sources.items()},
+        }
+
+    def _store_changes(self, task: Task, encoded: dict[str, tuple[str, bytes | None]]) -> None:
+        """The changes the changelog acknowledged, and any the store missed before, into the local store."""
+        if task.store is None or task.table.store is None:
+            return
+        for state in task.table.unstored():
+            if state.id not in encoded:
+                encoded[state.id] = R.encode_state(state)
+        if not encoded:
+            return
+        puts = [(cid, tagged(kind == R.STATE_PACKED, value)) for cid, (kind, value) in encoded.items() if value]
+        try:
+            task.store.write(puts, [cid for cid, (_, value) in encoded.items() if value is None])
+        except StoreError as exc:
+            task.store_failing = True
+            self._store_failed(exc, task.partition)
+            return
+        task.store_failing = False
+        task.table.stored(encoded)
+
+    def _checkpoint(self, task: Task) -> None:
+        """The changelog position the store now reflects, once it holds every state the changelog has."""
+        if task.store is None or task.store_failing or task.changelog_acked is None or task.table.unstored():
+            return
+        try:
+            self.state_dir.write_checkpoint(task.partition, task.changelog_acked, self._positions(task))
+        except OSError as exc:
+            self._store_failed(exc, task.partition)
 
     def _failed_again(self, revoking: bool) -> bool:
         """A changelog write failed: a fresh producer, nothing committed; the writes go out again next time."""
@@ -749,8 +983,8 @@ class Assembler(AsyncConsumerRebalanceListener):
         assert self.group is not None
         tp = TopicPartition(self.settings.topic, task.partition)
         logger.warning("partition %d: an internal write failed; restoring it from the changelog", task.partition)
-        task.table.close()
-        fresh = Task(task.partition, self._table())
+        self._close_task(task)
+        fresh = self._new_task(task.partition)
         self.tasks[task.partition] = fresh
         self.group.pause(tp)
         try:
@@ -771,6 +1005,7 @@ class Assembler(AsyncConsumerRebalanceListener):
         self.instruments.conversations.labels(status=OPEN).set(open_count)
         self.instruments.conversations.labels(status=COMPLETED).set(total - open_count)
         self.instruments.bytes.set(self.memory.used)
+        self.instruments.on_disk.set(sum(task.table.spilled_count for task in self.tasks.values()))
         for task in self.tasks.values():
             for key, count in task.table.counts.items():
                 delta = count - task.reported.get(key, 0)

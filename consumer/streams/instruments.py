@@ -37,6 +37,17 @@ class StreamsInstruments:
             buckets=RESTORE_BUCKETS,
             registry=registry,
         )
+        self.on_disk = Gauge(
+            "tracejudge_state_disk_conversations",
+            "Conversations held only in the local store on disk (--state-dir), past the memory bounds",
+            registry=registry,
+        )
+        self.store_errors = Counter(
+            "tracejudge_state_store_errors_total",
+            "Failed writes to the local store (disk_full or io): the conversations stay in memory (docs/state.md)",
+            ["reason"],
+            registry=registry,
+        )
         self.restored = Counter(
             "tracejudge_state_restored_records_total", "Changelog records read while restoring", registry=registry
         )
@@ -60,5 +71,7 @@ class StreamsInstruments:
         )
         for reason in FORGOTTEN_REASONS:
             self.forgotten.labels(reason=reason)
+        for reason in ("disk_full", "io"):
+            self.store_errors.labels(reason=reason)
         for route in ("local", "repartition"):
             self.routed.labels(route=route)

@@ -1,9 +1,15 @@
-"""The internal topics' record formats: JSON values, a `tracejudge.kind` header saying what a record is.
+"""The internal topics' record formats: JSON values (MessagePack for conversation states), a `tracejudge.kind` header
+saying what a record is.
 
 UTF-8 JSON (lone surrogates kept with surrogatepass) carries any text the spans held, at about its own size (ASCII
 escapes would cost 6 bytes a character and push a long conversation past the brokers' 1 MB record limit), and stays
 readable with any Kafka tool; these topics are ours, so their format is versioned by the header, not by a schema
 registry.
+
+A conversation's state is MessagePack (`state.msgpack`, `conversation/codec.py`): the changelog is read whole at every
+restore, and MessagePack reads several times faster than JSON at a smaller size. A state
+MessagePack cannot carry (a lone surrogate, an integer past 64 bits) is written as JSON (`state`), and the JSON states
+an older version wrote are read as before.
 """
 
 from __future__ import annotations
@@ -12,11 +18,14 @@ import json
 from typing import Any
 
 from ..adapters import ConversationEvent, Feedback, Turn
+from ..conversation import codec
 from ..conversation.job import JudgeJob
-from ..conversation.table import plain
+from ..conversation.table import ConversationState, plain
 
 KIND = "tracejudge.kind"
 EVENTS, VERDICT, STATE, POSITIONS, JOB, FEEDBACK = "events", "verdict", "state", "positions", "job", "feedback"
+STATE_PACKED = "state.msgpack"  # a conversation's state in MessagePack (STATE: the same in JSON)
+STATES = frozenset({STATE, STATE_PACKED})
 WATERMARK = "watermark"  # {"source": input partition, "ms": how far (record time) it has routed its records}
 WATERMARK_KEY = b"\x00tracejudge.watermark"
 POSITIONS_KEY = b"\x00tracejudge.positions"  # never a conversation id's key: ids are text, this starts with NUL
@@ -98,3 +107,16 @@ def job_from_json(data: dict[str, Any], *, key: str, partition: int) -> tuple[Ju
         completed_ms=int(data["completed_ms"]),
     )
     return job, bool(data["sampled"]), int(data["completed_ms"])
+
+
+def encode_state(state: ConversationState) -> tuple[str, bytes]:
+    """(kind, value) of a conversation's state: MessagePack, or JSON for what MessagePack cannot carry."""
+    try:
+        return STATE_PACKED, codec.pack(state)
+    except codec.UNPACKABLE:
+        return STATE, dumps(state.to_json())
+
+
+def decode_state(kind: str | None, value: bytes) -> ConversationState:
+    """A state as `encode_state` (or an older version, in JSON) wrote it."""
+    return codec.unpack(value) if kind == STATE_PACKED else ConversationState.from_json(loads(value))

@@ -116,6 +116,10 @@ def test_metrics_table_is_every_series_the_consumer_exports() -> None:
     assert exported == documented_names
 
 
+def _per_100k(restore: dict) -> str:
+    return f"{restore['same_disk_seconds_per_100k']:.1f} s per 100,000"
+
+
 def expected_benchmark_rows(results: dict) -> list[list[str]]:
     rows = []
     tracer = results["tracer_overhead"]
@@ -146,6 +150,12 @@ def expected_benchmark_rows(results: dict) -> list[list[str]]:
     median = f"{restore['median_s']:.2f} s (min {restore['min_s']:.2f}, max {restore['max_s']:.2f})"
     per = f"{restore['seconds_per_100k']:.1f} s per 100,000, {restore['records_per_s']:.0f} records/s"
     rows.append([title, "fresh consumer: assigned → restored", median, per])
+    if "same_disk_median_s" in restore:
+        same = f"{restore['same_disk_median_s']:.2f} s"
+        rows.append([title, "restarted on its disk: the local store from its checkpoint", same, _per_100k(restore)])
+        json_median = f"{restore['json_median_s']:.2f} s"
+        ratio = f"{restore['json_seconds_per_100k']:.1f} s per 100,000; MessagePack {restore['ratio_to_json']:.2f}x"
+        rows.append([title, "fresh consumer, the changelog in JSON (before MessagePack)", json_median, ratio])
     for m in results["memory"].values():
         variant = f"{m['open_conversations']:,} open × {m['turns_each']} turns"
         per = f"{m['bytes_per_conversation'] / 1024:.2f} KiB per conversation"

@@ -1,0 +1,113 @@
+"""A state partition's conversations on local disk (RocksDB through rocksdict): where the table's memory bounds send
+conversations instead of cutting them, as Kafka Streams keeps a store beyond memory in RocksDB.
+
+The store holds every conversation as of the last commit (the runtime writes each commit's changed conversations
+after the changelog acknowledged them, `write`), so a conversation leaves memory only once it is clean, and the store
+with a checkpoint of the changelog position is a valid starting point for the next restore on the same disk. Values
+are the codec's bytes behind a one-byte tag: MessagePack, or JSON for what MessagePack cannot carry.
+
+Every write error is a `StoreError` (a full disk: `disk_full`): the caller keeps the conversations in memory, counts
+and says it; nothing is lost, the changelog still has them.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import shutil
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from rocksdict import Options, Rdict, WriteBatch
+
+from . import codec
+from .table import ConversationState
+
+_PACKED, _JSON = b"\x01", b"\x02"
+
+
+class StoreError(Exception):
+    """A write (or open) of the local store failed; `reason` is `disk_full` or `io`."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc)
+    full = isinstance(exc, OSError) and exc.errno == errno.ENOSPC
+    return "disk_full" if full or "No space left" in text or "ENOSPC" in text else "io"
+
+
+def tagged(packed: bool, payload: bytes) -> bytes:
+    """A store value from the codec's bytes (`packed`: MessagePack, else JSON) as the changelog carries them."""
+    return (_PACKED if packed else _JSON) + payload
+
+
+def encode(state: ConversationState) -> bytes:
+    try:
+        return _PACKED + codec.pack(state)
+    except codec.UNPACKABLE:
+        data = json.dumps(state.to_json(), separators=(",", ":"), ensure_ascii=False)
+        return _JSON + data.encode("utf-8", "surrogatepass")
+
+
+def decode(value: bytes) -> ConversationState:
+    body = memoryview(value)[1:]
+    if value[:1] == _PACKED:
+        return codec.unpack(bytes(body))
+    return ConversationState.from_json(json.loads(bytes(body).decode("utf-8", "surrogatepass")))
+
+
+def _key(conversation_id: str) -> bytes:
+    return conversation_id.encode("utf-8", "surrogatepass")
+
+
+class LocalStore:
+    """One state partition's conversations by id. One thread uses a store (its task's)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._db = self._open()
+
+    def _open(self) -> Rdict:
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            return Rdict(str(self.path), options=Options(raw_mode=True))
+        except Exception as exc:
+            raise StoreError(f"cannot open the local store at {self.path}: {exc}", _reason(exc)) from exc
+
+    def get(self, conversation_id: str) -> ConversationState | None:
+        value = self._db.get(_key(conversation_id))
+        return None if value is None else decode(value)
+
+    def write(self, puts: Iterable[tuple[str, bytes]], deletes: Iterable[str] = ()) -> None:
+        """Encoded states (`encode`) and forgotten ids, in one atomic batch."""
+        batch = WriteBatch(raw_mode=True)
+        for cid, value in puts:
+            batch.put(_key(cid), value)
+        for cid in deletes:
+            batch.delete(_key(cid))
+        try:
+            self._db.write(batch)
+        except Exception as exc:
+            raise StoreError(f"writing the local store at {self.path} failed: {exc}", _reason(exc)) from exc
+
+    def items(self) -> Iterator[tuple[str, bytes]]:
+        """Every conversation id and its encoded state."""
+        for key, value in self._db.items():
+            assert isinstance(key, bytes) and isinstance(value, bytes)
+            yield key.decode("utf-8", "surrogatepass"), value
+
+    def close(self) -> None:
+        try:
+            self._db.close()
+        except Exception:  # closing twice, or after the disk went away: nothing left to keep
+            pass
+
+    def wipe(self) -> None:
+        """Delete everything (a store that cannot be trusted: the changelog restores it from the start)."""
+        self.close()
+        shutil.rmtree(self.path, ignore_errors=True)
+        self._db = self._open()

@@ -1,0 +1,126 @@
+"""The local store behind the conversation table (issue 32), Kafka-free: the memory bounds send clean conversations
+to disk instead of completing them, a full disk is counted and said, and the store round-trips every state."""
+
+from __future__ import annotations
+
+import errno
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tracejudge.consumer.adapters import ConversationEvent, Turn
+from tracejudge.consumer.conversation.store import LocalStore, StoreError, decode, encode
+from tracejudge.consumer.streams.state_directory import StateDirectory
+
+from .test_review_state import assembler
+
+
+def turn(cid: str, n: int) -> ConversationEvent:
+    return ConversationEvent(cid, "a", turn=Turn(f"{cid}-s{n}", "t", "", 10 + n, 11 + n, f"q{n}", "a", index=n))
+
+
+def end(cid: str) -> ConversationEvent:
+    return ConversationEvent(cid, "a", ended=True)
+
+
+def backlog(asm: Any, task: Any, ids: list[str]) -> list[Any]:
+    """Turn 0 of every conversation, then turn 1 and the end marker of every one, the bounds held after each record
+    as step() holds them; the dispatches."""
+    dispatches = []
+    for n in range(2):
+        for cid in ids:
+            task.table.apply(turn(cid, n), 1000 + n)
+            if n == 1:
+                task.table.apply(end(cid), 1001)
+            asm._bound_open()
+            asm._bound_memory()
+            dispatches += task.table.take_dispatches()
+    return dispatches
+
+
+def test_past_the_open_bound_conversations_wait_on_disk_and_are_judged_whole(tmp_path: Path) -> None:
+    asm = assembler(max_open_conversations=5, state_dir=str(tmp_path))
+    task = asm._new_task(0)
+    task.restoring = False
+    asm.tasks = {0: task}
+    ids = [f"i{k}" for k in range(40)]
+    dispatches = backlog(asm, task, ids)
+    assert task.table.counts["completed_at_bound"] == 0
+    assert task.table.counts["spilled"] > 0 and task.table.counts["read_back"] > 0
+    whole = {d.job.conversation_id: [t.span_id.split("-")[1] for t in d.job.exchanges] for d in dispatches}
+    assert len(dispatches) == len(ids)  # each judged once, on both turns
+    assert whole == {cid: ["s0", "s1"] for cid in ids}
+    assert task.table.resident_open_count <= 5
+
+
+def test_past_the_byte_bound_conversations_wait_on_disk_not_forgotten(tmp_path: Path) -> None:
+    asm = assembler(max_state_bytes=8_000, state_dir=str(tmp_path))
+    task = asm._new_task(0)
+    task.restoring = False
+    asm.tasks = {0: task}
+    ids = [f"b{k}" for k in range(40)]
+    dispatches = backlog(asm, task, ids)
+    assert task.table.counts["completed_at_bound"] == 0 and task.table.counts["forgotten_memory"] == 0
+    assert {d.job.conversation_id for d in dispatches} == set(ids)
+    assert all(len(d.job.exchanges) == 2 for d in dispatches)
+    assert len(task.table) == len(ids)  # all kept for continuations, most on disk
+    assert asm.memory.used <= 8_000 + 4_000  # within a few states of the bound
+
+
+class FullDisk(LocalStore):
+    def write(self, puts: Any, deletes: Any = ()) -> None:
+        raise StoreError("No space left on device", "disk_full")
+
+
+def test_a_full_disk_is_counted_said_and_the_bound_falls_back(tmp_path: Path, caplog: Any) -> None:
+    asm = assembler(max_open_conversations=5, state_dir=str(tmp_path))
+    task = asm._new_task(0)
+    assert task.store is not None
+    task.store.close()
+    task.store = task.table.store = FullDisk(tmp_path / "full")  # type: ignore[assignment]
+    task.restoring = False
+    asm.tasks = {0: task}
+    with caplog.at_level(logging.WARNING, logger="tracejudge.consumer.streams"):
+        backlog(asm, task, [f"f{k}" for k in range(20)])
+    errors = asm.instruments.store_errors.labels(reason="disk_full")._value.get()
+    assert errors >= 1
+    assert any("free space" in r.getMessage() and "disk_full" in r.getMessage() for r in caplog.records)
+    assert any("completed_by=memory_bound" in r.getMessage() for r in caplog.records)
+    assert task.table.counts["completed_at_bound"] > 0  # the old cut, counted: never silent
+    assert task.table.resident_open_count <= 5
+
+
+def test_every_state_round_trips_through_the_store(tmp_path: Path) -> None:
+    from .test_state_writes import state_with_everything
+
+    store = LocalStore(tmp_path / "db")
+    state = state_with_everything()
+    store.write([("c", encode(state))])
+    assert store.get("c") == state
+    assert decode(dict(store.items())["c"]) == state
+    store.write([], ["c"])
+    assert store.get("c") is None
+    store.close()
+
+
+def test_replicas_sharing_a_state_dir_take_slots_of_their_own(tmp_path: Path) -> None:
+    first, second = StateDirectory(tmp_path, "g"), StateDirectory(tmp_path, "g")
+    assert first.lock() != second.lock()
+    slot = first.lock()
+    first.close()
+    again = StateDirectory(tmp_path, "g")
+    assert again.lock() == slot  # a restart on the same disk takes its slot (and its stores) back
+    again.close()
+    second.close()
+
+
+def test_a_disk_without_room_raises_a_store_error_said_as_disk_full() -> None:
+    from tracejudge.consumer.conversation.store import _reason
+
+    assert _reason(OSError(errno.ENOSPC, "No space left on device")) == "disk_full"
+    assert _reason(Exception("IO error: No space left on device While appending to file")) == "disk_full"
+    assert _reason(Exception("Corruption: bad block")) == "io"
+    with pytest.raises(StoreError):
+        raise StoreError("x", "io")
