@@ -1,4 +1,4 @@
-"""A graceful restart hands partitions over at once, through real `tracejudge consume` processes on Tansu.
+"""Graceful restarts and scale-in hand partitions over at once, through real `tracejudge consume` processes on Tansu.
 
 The session timeout here is 20 s, so a handover that waited for the stopped member's session (no LeaveGroup) could
 not come before it: the test asserts the old member left (or, static, was taken over) and prints the timings, from
@@ -101,3 +101,41 @@ def test_a_lone_replica_restarted_gracefully_consumes_again_without_waiting_for_
     else:
         assert all(len(m) == 1 for m in left.values()), left  # kept for the restart: no LeaveGroup
         assert assigned - joining < SESSION_S, "the static restart waited for its old session to time out"
+
+
+def test_a_replica_stopped_gracefully_among_three_has_its_partitions_owned_elsewhere_at_once(
+    broker: EmbeddedBroker, judge_server: JudgeServer, tmp_path: Path
+) -> None:
+    """Scale-in 3 → 2: the stopped replica's partitions are owned by the other two before its session could expire,
+    and what arrives then is judged."""
+    judge_server.responder = scripted_judge
+    topic, results, group = _setup(broker)
+    replicas: list[Replica] = []
+    for i in range(3):  # one at a time, as a scale-out does
+        replicas.append(Replica(broker, topic, group, results, tmp_path / f"r{i}.log", **_SLOW_SESSION))
+        wait_for(lambda: "ready: consuming" in replicas[-1].log.read_text(), 300, "the replica ready")  # slow start-ups
+    wait_for(lambda: set().union(*(owned(r) for r in replicas)) == {0, 1, 2}, 2 * SESSION_S, "every partition owned")
+    victim = next(r for r in replicas if owned(r))
+    survivors = [r for r in replicas if r is not victim]
+    moving = owned(victim)
+    victim.stop("term")
+    stopped = time.monotonic()
+    wait_for(lambda: set().union(*(owned(r) for r in survivors)) == {0, 1, 2}, 2 * SESSION_S, "partitions moved")
+    moved = time.monotonic()
+    turns = Turns(broker.bootstrap_servers, topic)
+    ids = [f"s{i}" for i in range(12)]
+    for cid in ids:
+        turns.turn(cid, 1, indexed=False)
+        turns.end(cid)
+    turns.flush()
+    produced = time.monotonic()
+    wait_for(lambda: set(calls_by_conversation(judge_server)) >= set(ids), 90, "every conversation judged")
+    judged = time.monotonic()
+    for replica in survivors:
+        replica.stop("term")
+    turns.provider.shutdown()
+    print(
+        f"\nscale-in 3→2: partitions {sorted(moving)} owned elsewhere {moved - stopped:.1f}s after the stop; "
+        f"records produced then judged in {judged - produced:.1f}s (session timeout {SESSION_S:.0f}s)"
+    )
+    assert moved - stopped < SESSION_S, "the handover waited for the stopped member's session to time out"
