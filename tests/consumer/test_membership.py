@@ -1,0 +1,120 @@
+"""The orphaned-leader guard against Tansu's coordinator, both sides: it recovers the group Tansu wedges (a LeaveGroup
+from the leader of a forming group), and stays out of the way where the leader is still a member."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from kafka import KafkaConsumer
+
+from tracejudge.consumer.embedded_broker import EmbeddedBroker
+from tracejudge.consumer.streams.membership import OrphanedLeaderGuard, close_leaving, guard_membership
+
+SESSION_MS = 6000
+
+
+@pytest.fixture
+def group(broker: EmbeddedBroker) -> Iterator[tuple[EmbeddedBroker, str, str]]:
+    topic = f"m-{uuid.uuid4().hex[:6]}"
+    broker.create_topic(topic, 3)
+    yield broker, topic, f"m-{uuid.uuid4().hex[:6]}"
+
+
+def member(broker: EmbeddedBroker, topic: str, group_id: str) -> KafkaConsumer:
+    return KafkaConsumer(
+        topic,
+        bootstrap_servers=broker.bootstrap_servers,
+        group_id=group_id,
+        session_timeout_ms=SESSION_MS,
+        heartbeat_interval_ms=1000,
+        enable_auto_commit=False,
+    )
+
+
+def assigned(consumer: KafkaConsumer, count: int) -> None:
+    while len(consumer.assignment()) < count:
+        consumer.poll(200)
+
+
+class Poller(threading.Thread):
+    """Polls a consumer for up to `limit_s`; `took` is when it owned `count` partitions (None: never)."""
+
+    def __init__(self, consumer: KafkaConsumer, count: int, limit_s: float) -> None:
+        super().__init__(daemon=True)
+        self.consumer, self.count, self.limit_s = consumer, count, limit_s
+        self.took: float | None = None
+
+    def run(self) -> None:
+        started = time.monotonic()
+        while time.monotonic() - started < self.limit_s:
+            self.consumer.poll(200)
+            if len(self.consumer.assignment()) == self.count:
+                self.took = time.monotonic() - started
+                return
+
+
+def leader_leaves_while_another_joins(group: tuple[EmbeddedBroker, str, str], guarded: bool) -> tuple[Poller, Any]:
+    broker, topic, group_id = group
+    leader = member(broker, topic, group_id)
+    assigned(leader, 3)
+    joiner = member(broker, topic, group_id)
+    guard = guard_membership(joiner) if guarded else None
+    poller = Poller(joiner, 3, limit_s=4 * SESSION_MS / 1000)
+    poller.start()
+    # The barrier: the leader hears of the join (its heartbeat answers REBALANCE_IN_PROGRESS) and has not rejoined.
+    deadline = time.monotonic() + 30
+    while not leader._coordinator.rejoin_needed and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert leader._coordinator.rejoin_needed, "the joiner never started a rebalance"
+    close_leaving(leader)  # LeaveGroup from the leader of a forming group
+    poller.join()
+    joiner.close(autocommit=False)
+    return poller, guard
+
+
+def test_without_the_guard_tansu_leaves_the_group_without_a_leader(group: tuple[EmbeddedBroker, str, str]) -> None:
+    """The broker bug itself (if Tansu fixes it, this fails and the guard can go): no partition for four sessions."""
+    poller, _ = leader_leaves_while_another_joins(group, guarded=False)
+    assert poller.took is None
+
+
+def test_the_guard_recovers_a_group_whose_leader_left_while_it_formed(group: tuple[EmbeddedBroker, str, str]) -> None:
+    poller, guard = leader_leaves_while_another_joins(group, guarded=True)
+    assert isinstance(guard, OrphanedLeaderGuard) and guard.recoveries == 1
+    assert poller.took is not None
+    print(f"\norphaned leader recovered: the joiner owned every partition {poller.took:.1f}s after it started")
+
+
+def test_the_guard_stays_out_of_a_group_whose_leader_is_a_member(group: tuple[EmbeddedBroker, str, str]) -> None:
+    """A formed group: the leader leaves (Tansu clears the leadership) and the other member takes every partition with
+    no recovery; and a follower that is told the leader is a member never takes over."""
+    broker, topic, group_id = group
+    leader = member(broker, topic, group_id)
+    assigned(leader, 3)
+    follower = member(broker, topic, group_id)
+    guard = guard_membership(follower)
+    assert guard is not None
+    both = threading.Thread(target=lambda: [leader.poll(200) for _ in range(200) if len(follower.assignment()) == 0])
+    both.start()
+    assigned(follower, 1)
+    both.join()
+    close_leaving(leader)
+    started = time.monotonic()
+    assigned(follower, 3)
+    print(
+        f"\nformed group: the leader left, the other member owned every partition {time.monotonic() - started:.1f}s on"
+    )
+    follower.close(autocommit=False)
+    assert guard.recoveries == 0
+    assert not guard.orphaned("leader-1", "member-2", ["leader-1", "member-2"])
+    assert not guard.orphaned("gone", "member-3", ["member-2", "member-3"])  # the lowest id takes over, only it
+    assert guard.orphaned("gone", "member-2", ["member-2", "member-3"])
+
+
+def test_a_consumer_without_kafka_pythons_coordinator_is_left_alone() -> None:
+    assert guard_membership(object()) is None
