@@ -265,7 +265,7 @@ def build_outputs(
                 on_error=(lambda: on_output_error("results_topic")) if on_output_error else None,
                 **producer_config,
             ).start()
-        sinks.append(ResultsTopic(results_writer))
+        sinks.append(ResultsTopic(results_writer, settings.metrics, unjudged=settings.results_unjudged))
     return Outputs(sinks, results_writer, tracer_provider, logger_provider)
 
 

@@ -1,4 +1,4 @@
-"""`tracejudge` command line: consume, demo, backfill, calibrate, compare, broker; one module per command.
+"""`tracejudge` command line: consume, demo, backfill, calibrate, compare, explain, broker; one module per command.
 
 Invalid configuration: one clear line and exit code 2, before any I/O. What stops a start that the user can fix (a
 metrics port in use: 2; Kafka not answering within `bootstrap_timeout_ms`: 69) is one line too, never a traceback.
@@ -12,7 +12,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from . import backfill, broker, calibrate, compare, demo
+from . import backfill, broker, calibrate, compare, demo, explain
 from .consume import calibration_refused, run_consume
 from .options import EXIT_USAGE, add_consumer_flags, settings_from_args
 
@@ -46,6 +46,12 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_arguments(compare_parser)
     add_consumer_flags(compare_parser, only=compare.COMPARE_OPTIONS)
     compare_parser.set_defaults(handler=compare.run_compare)
+    explain_parser = commands.add_parser(
+        "explain", help="one conversation's story from Kafka: its turns, completion, sampling and judgements"
+    )
+    explain.add_arguments(explain_parser)
+    add_consumer_flags(explain_parser, only=explain.EXPLAIN_OPTIONS)
+    explain_parser.set_defaults(handler=explain.run_explain)
     # `tracejudge broker`: a local Kafka in one command for the quickstart.
     broker_parser = commands.add_parser("broker", help="a local Kafka (the embedded Tansu) on 127.0.0.1 until Ctrl-C")
     broker.add_arguments(broker_parser)

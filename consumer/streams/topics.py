@@ -39,8 +39,14 @@ class InternalTopics:
         """Completed conversations waiting for the judges (and feedback for them), keyed by conversation id."""
         return f"{self.group_id}-judge-queue"
 
+    @property
+    def judge_retry(self) -> str:
+        """Jobs waiting for another judge attempt (a not-before time each), keyed by conversation id; forwarded to
+        the judge queue when due. Its retention must exceed --judge-retry-horizon (the cluster's default, 7 days)."""
+        return f"{self.group_id}-judge-retry"
+
     def all(self) -> list[str]:
-        return [self.repartition, self.changelog, self.judge_queue]
+        return [self.repartition, self.changelog, self.judge_queue, self.judge_retry]
 
 
 def partitions_of(consumer: Any, topic: str, timeout_s: float = 30.0) -> int:
@@ -61,6 +67,7 @@ def ensure_internal_topics(admin: KafkaAdminClient, topics: InternalTopics, part
         NewTopic(topics.repartition, partitions, 1),
         NewTopic(topics.changelog, partitions, 1, topic_configs={"cleanup.policy": "compact"}),
         NewTopic(topics.judge_queue, partitions, 1),
+        NewTopic(topics.judge_retry, partitions, 1),
     ]
     existing = set(admin.list_topics())
     missing = [topic for topic in wanted if topic.name not in existing]
