@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import random
-import threading
 import time
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -58,8 +57,8 @@ class RetryPolicy:
     def __init__(self, horizon_s: float, backoff_s: float) -> None:
         self.horizon_s = horizon_s
         self.backoff_s = backoff_s
-        self._log = RateLimitedLog(logger, interval_s=10.0)
-        self._lock = threading.Lock()
+        self._log = RateLimitedLog(logger, interval_s=10.0)  # an attempt failed, the next one is scheduled
+        self._final_log = RateLimitedLog(logger, interval_s=10.0)  # past the horizon: failed
 
     def wait(self, attempt: int) -> float:
         ceiling = max(0.1, min(max(self.backoff_s, MAX_BACKOFF_S), self.backoff_s * 2 ** max(0, attempt - 1)))
@@ -82,7 +81,7 @@ class RetryPolicy:
         judgement.retry = retry
         conversation = judgement.job.conversation_id
         if now >= until:
-            self._log.warning(
+            self._final_log.warning(
                 "conversation %s failed (%s) after %d attempts: past the retry horizon (%s, --judge-retry-horizon); "
                 "%s, then judge it again with `tracejudge backfill`",
                 conversation,

@@ -173,8 +173,8 @@ class JudgeWorker(AsyncConsumerRebalanceListener):
             elif self.paused:  # backpressure holds across a rebalance
                 self.consumer.pause(*(tp for tp in assigned if tp.topic == self.topics.judge_queue))
         self.joined.set()
-        if assigned:
-            logger.info("judge-queue partitions assigned: %s", sorted(tp.partition for tp in assigned))
+        if queue_partitions:
+            logger.info("judge-queue partitions assigned: %s", sorted(queue_partitions))
 
     async def on_partitions_revoked(self, revoked: Any) -> None:
         mine, retry_mine = self._split(revoked)

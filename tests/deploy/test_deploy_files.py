@@ -35,6 +35,7 @@ PROMQL_FUNCTIONS = {
     "or",
     "on",
     "offset",
+    "deriv",
     "le",
     "without",
     "max",

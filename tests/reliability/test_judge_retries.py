@@ -9,6 +9,7 @@ import subprocess
 import time
 import uuid
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -47,23 +48,29 @@ def judge_calls(server: JudgeServer, expected: dict[str, list[tuple[str, str]]])
     return Counter({cid: sum(turns[0][0] in text for text in texts) for cid, turns in expected.items()})
 
 
-def stop(process: subprocess.Popen) -> str:
+def stop(process: subprocess.Popen, log: Path) -> str:
     process.send_signal(signal.SIGTERM)
     try:
-        output, _ = process.communicate(timeout=60)
+        process.wait(timeout=60)
     finally:
         if process.poll() is None:
             process.kill()
+    output = log.read_text()
     print(output[-20000:])  # shown when the test fails
-    return output or ""
+    return output
 
 
-def wait_retrying(broker: EmbeddedBroker, topic: str, expected: dict[str, Any], timeout: float = 120) -> None:
-    wait_for(
-        lambda: set(by_outcome(results(broker, topic), "retrying")) == set(expected),
-        timeout=timeout,
-        what="every conversation retrying",
-    )
+def wait_retrying(broker: EmbeddedBroker, topic: str, expected: dict[str, Any], timeout: float = 240) -> None:
+    missing: set[str] = set(expected)
+
+    def every_one() -> bool:
+        missing.intersection_update(set(expected) - set(by_outcome(results(broker, topic), "retrying")))
+        return not missing
+
+    try:
+        wait_for(every_one, timeout=timeout, what="every conversation retrying")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}: not retrying {sorted(missing)}") from None
 
 
 def assert_judged_once_late(
@@ -86,14 +93,14 @@ def assert_judged_once_late(
 
 
 def test_an_outage_delays_verdicts_instead_of_losing_them(
-    broker: EmbeddedBroker, topic: str, judge_server: JudgeServer
+    broker: EmbeddedBroker, topic: str, judge_server: JudgeServer, tmp_path: Path
 ) -> None:
     out, group = f"{topic}-results", f"retry-{uuid.uuid4().hex[:6]}"
     broker.create_topic(out, 1)
     expected = conversations("outage", 50)
     provider = traced_app(broker.bootstrap_servers, topic)
     judge_server.fail(DOWN)
-    process = consumer_process(broker, topic, group, out, **FAST_RETRIES)
+    process = consumer_process(broker, topic, group, out, log=tmp_path / "process.log", **FAST_RETRIES)
     try:
         play(provider, expected)
         wait_retrying(broker, out, expected)
@@ -101,10 +108,10 @@ def test_an_outage_delays_verdicts_instead_of_losing_them(
         assert refused >= 2 * 50  # every conversation: the in-call retries spent, then durable retries
         recovered_at = time.time()
         judge_server.recover()
-        wait_for(lambda: all(judge_calls(judge_server, expected).values()), timeout=120, what="all judged")
+        wait_for(lambda: all(judge_calls(judge_server, expected).values()), timeout=240, what="all judged")
         wait_for(lambda: set(by_outcome(results(broker, out), "judged")) == set(expected), what="judged records")
     finally:
-        output = stop(process)
+        output = stop(process, tmp_path / "process.log")
     assert "next attempt at" in output and "check the provider's status" in output
     assert_judged_once_late(broker, out, judge_server, expected, recovered_at)
     provider.shutdown()
@@ -112,14 +119,14 @@ def test_an_outage_delays_verdicts_instead_of_losing_them(
 
 @pytest.mark.slow
 def test_kill_9_and_a_rebalance_during_the_outage_lose_no_retry(
-    broker: EmbeddedBroker, topic: str, judge_server: JudgeServer
+    broker: EmbeddedBroker, topic: str, judge_server: JudgeServer, tmp_path: Path
 ) -> None:
     out, group = f"{topic}-results", f"retry9-{uuid.uuid4().hex[:6]}"
     broker.create_topic(out, 1)
     expected = conversations("kill9", 50)
     provider = traced_app(broker.bootstrap_servers, topic)
     judge_server.fail(DOWN)
-    process = consumer_process(broker, topic, group, out, **FAST_RETRIES)
+    process = consumer_process(broker, topic, group, out, log=tmp_path / "process.log", **FAST_RETRIES)
     try:
         play(provider, expected)
         wait_retrying(broker, out, expected)
@@ -128,35 +135,38 @@ def test_kill_9_and_a_rebalance_during_the_outage_lose_no_retry(
     finally:
         if process.poll() is None:
             process.kill()
+        print((tmp_path / "process.log").read_text()[-20000:])
     # Two replicas come back (a rebalance splits the retry and judge-queue partitions); the judge comes back later.
-    first = consumer_process(broker, topic, group, out, **FAST_RETRIES)
-    second = consumer_process(broker, topic, group, out, **FAST_RETRIES)
+    first = consumer_process(broker, topic, group, out, log=tmp_path / "first.log", **FAST_RETRIES)
+    second = consumer_process(broker, topic, group, out, log=tmp_path / "second.log", **FAST_RETRIES)
     try:
         seen = len(judge_server.refused)
-        wait_for(lambda: len(judge_server.refused) >= seen + 50, timeout=120, what="retries resumed after the restart")
+        wait_for(lambda: len(judge_server.refused) >= seen + 50, timeout=300, what="retries resumed after the restart")
         recovered_at = time.time()
         judge_server.recover()
-        wait_for(lambda: all(judge_calls(judge_server, expected).values()), timeout=120, what="all judged")
+        wait_for(lambda: all(judge_calls(judge_server, expected).values()), timeout=240, what="all judged")
         wait_for(lambda: set(by_outcome(results(broker, out), "judged")) == set(expected), what="judged records")
     finally:
-        stop(first)
-        stop(second)
+        stop(first, tmp_path / "first.log")
+        stop(second, tmp_path / "second.log")
     assert_judged_once_late(broker, out, judge_server, expected, recovered_at)
     provider.shutdown()
 
 
-def test_a_reason_that_cannot_pass_fails_at_once(broker: EmbeddedBroker, topic: str, judge_server: JudgeServer) -> None:
+def test_a_reason_that_cannot_pass_fails_at_once(
+    broker: EmbeddedBroker, topic: str, judge_server: JudgeServer, tmp_path: Path
+) -> None:
     out, group = f"{topic}-results", f"auth-{uuid.uuid4().hex[:6]}"
     broker.create_topic(out, 1)
     expected = conversations("auth", 3)
     provider = traced_app(broker.bootstrap_servers, topic)
     judge_server.fail(Reply(status=401, content="invalid api key"))
-    process = consumer_process(broker, topic, group, out, **FAST_RETRIES)
+    process = consumer_process(broker, topic, group, out, log=tmp_path / "process.log", **FAST_RETRIES)
     try:
         play(provider, expected)
         wait_for(lambda: set(by_outcome(results(broker, out), "failed")) == set(expected), timeout=120, what="3 failed")
     finally:
-        stop(process)
+        stop(process, tmp_path / "process.log")
     records = results(broker, out)
     assert not by_outcome(records, "retrying")
     assert {r["error_kind"] for r in records} == {"auth"}
@@ -165,7 +175,7 @@ def test_a_reason_that_cannot_pass_fails_at_once(broker: EmbeddedBroker, topic: 
 
 
 def test_past_the_horizon_a_conversation_fails_with_its_last_reason(
-    broker: EmbeddedBroker, topic: str, judge_server: JudgeServer
+    broker: EmbeddedBroker, topic: str, judge_server: JudgeServer, tmp_path: Path
 ) -> None:
     out, group = f"{topic}-results", f"horizon-{uuid.uuid4().hex[:6]}"
     broker.create_topic(out, 1)
@@ -173,12 +183,12 @@ def test_past_the_horizon_a_conversation_fails_with_its_last_reason(
     provider = traced_app(broker.bootstrap_servers, topic)
     judge_server.fail(Reply(status=429, headers={"retry-after": "0.05"}, content="slow down"))
     env: dict[str, Any] = {**FAST_RETRIES, "TRACEJUDGE_JUDGE_RETRY_HORIZON": "4s"}
-    process = consumer_process(broker, topic, group, out, **env)
+    process = consumer_process(broker, topic, group, out, log=tmp_path / "process.log", **env)
     try:
         play(provider, expected)
         wait_for(lambda: set(by_outcome(results(broker, out), "failed")) == set(expected), timeout=90, what="failed")
     finally:
-        output = stop(process)
+        output = stop(process, tmp_path / "process.log")
     records = results(broker, out)
     failed, retrying = by_outcome(records, "failed"), by_outcome(records, "retrying")
     assert set(retrying) == set(expected)
