@@ -12,6 +12,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.support.judge_server import JudgeServer, Reply, conversation_text, verdict
 from tests.support.pipeline import ROOT, consumer_process, play, read_all, traced_app, wait_for
 from tracejudge.consumer.embedded_broker import EmbeddedBroker
@@ -64,6 +66,7 @@ def last(entry: dict[str, Any]) -> dict[str, Any]:
     return entry["metrics"]["failure_rate"][-1]
 
 
+@pytest.mark.timeout(900)  # a real consumer and seven `tracejudge explain` processes
 def test_explain_tells_each_conversations_story(
     broker: EmbeddedBroker, topic: str, judge_server: JudgeServer, tmp_path: Path
 ) -> None:
