@@ -5,12 +5,14 @@ from assembly and a slow judge is judge-queue lag, not memory: past `max_pending
 partitions. A job's offset is committed once every output reported it durable (the results topic acknowledged,
 the OTLP exporter succeeded) and the verdict acknowledgement (which tells the conversation's owner the outcome,
 for negative feedback) is acknowledged. A judgement that failed for a reason that can pass is written to the
-retry topic (`retries.py`); the worker reads that topic too, in the same group, and forwards each record to the
-judge queue once its not-before time has come: a record not yet due pauses its retry partition (seeked back to it)
-until then. Its retry offset is committed once the forwarded job is acknowledged, so a kill -9 anywhere loses no
-retry (it may forward one twice: the copy is answered from the first, or judged again to the same result id).
-The group's `--max-cost-per-hour` is split by the judge-queue partitions each worker owns, so replicas together
-never exceed it.
+retry topic (`retries.py`); the worker owns retry partition p whenever it owns judge-queue partition p (they are
+co-partitioned, as a Kafka Streams task owns its partitions; a second consumer, manually assigned, its offsets
+committed under `<group>-judges-retries`: the group's assignor balances the judge queue alone) and forwards each
+record to the judge queue once its not-before time has come: a record not yet due pauses its retry partition
+(seeked back to it) until then. Its retry offset is committed once the forwarded job is acknowledged, so a kill -9
+anywhere loses no retry (it may forward one twice: the copy is answered from the first, or judged again to the
+same result id). The group's `--max-cost-per-hour` is split by the judge-queue partitions each worker owns, so
+replicas together never exceed it.
 """
 
 from __future__ import annotations
@@ -83,6 +85,7 @@ class JudgeWorker(AsyncConsumerRebalanceListener):
         self.consumer_factory = consumer_factory
         self.producer_factory = producer_factory
         self.consumer: KafkaConsumer | None = None
+        self.retry_consumer: KafkaConsumer | None = None
         self.producer: KafkaProducer | None = None
         self.probe = HighwaterProbe(consumer_factory, settings.bootstrap_servers, settings.consumer_config())
         self.paused = False
@@ -145,7 +148,15 @@ class JudgeWorker(AsyncConsumerRebalanceListener):
             config["group_instance_id"] = f"{settings.group_instance_id}-judges"
         self.producer = self._new_producer()
         self.consumer = self.consumer_factory(**config)
-        self.consumer.subscribe([self.topics.judge_queue, self.topics.judge_retry], listener=self)
+        self.consumer.subscribe([self.topics.judge_queue], listener=self)
+        self.retry_consumer = self.consumer_factory(
+            bootstrap_servers=settings.bootstrap_servers,
+            group_id=f"{self.group_id}-retries",  # never joined: offsets only
+            client_id="tracejudge-judge-retries",
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            **common,
+        )
         self.delivery.reschedule = self._reschedule
 
     # -- rebalance --------------------------------------------------------------------------------------------------
@@ -163,9 +174,10 @@ class JudgeWorker(AsyncConsumerRebalanceListener):
         return queue_, {tp.partition for tp in tps if tp.topic == self.topics.judge_retry}
 
     async def on_partitions_assigned(self, assigned: Any) -> None:
-        queue_partitions, retry_partitions = self._split(assigned)
+        queue_partitions, _ = self._split(assigned)
         self.assigned |= queue_partitions
-        self._retry_assigned |= retry_partitions
+        self._retry_assigned |= queue_partitions
+        self._assign_retries()
         self.share_budget()
         if self.consumer is not None and assigned:
             if self.stopping:
@@ -176,12 +188,20 @@ class JudgeWorker(AsyncConsumerRebalanceListener):
         if queue_partitions:
             logger.info("judge-queue partitions assigned: %s", sorted(queue_partitions))
 
+    def _assign_retries(self) -> None:
+        """The retry partitions of the judge-queue partitions owned (positions from their committed offsets)."""
+        if self.retry_consumer is not None:
+            topic = self.topics.judge_retry
+            self.retry_consumer.assign([TopicPartition(topic, p) for p in sorted(self._retry_assigned)])
+
     async def on_partitions_revoked(self, revoked: Any) -> None:
-        mine, retry_mine = self._split(revoked)
+        mine, _ = self._split(revoked)
+        retry_mine = set(mine)
         if not (mine or retry_mine) or self.consumer is None:
             return
         self.delivery.drain(self._finished)
         offsets = self._ack_and_offsets(mine, retry_mine)
+        self._commit_retries(offsets)
         if offsets:
             try:
                 await self.consumer.commit_async(offsets)
@@ -193,7 +213,8 @@ class JudgeWorker(AsyncConsumerRebalanceListener):
         self._forget_retries(retry_mine)
 
     async def on_partitions_lost(self, lost: Any) -> None:
-        partitions, retry_partitions = self._split(lost)
+        partitions, _ = self._split(lost)
+        retry_partitions = set(partitions)
         if self.pool.batched:
             self.pool.abandon(partitions)
         self._forget(partitions)
@@ -205,6 +226,8 @@ class JudgeWorker(AsyncConsumerRebalanceListener):
         for partition in partitions:
             self._retry_committed.pop(partition, None)
             self._retry_due.pop(partition, None)
+        if partitions:
+            self._assign_retries()
 
     def _forget(self, partitions: set[int]) -> None:
         self.assigned -= partitions
@@ -227,10 +250,10 @@ class JudgeWorker(AsyncConsumerRebalanceListener):
     def step(self) -> None:
         assert self.consumer is not None
         batches = self.consumer.poll(timeout_ms=100, max_records=self.max_pending)
-        for tp, records in batches.items():
-            if tp.topic == self.topics.judge_retry:
+        if self.retry_consumer is not None and self._retry_assigned and not self.stopping:
+            for tp, records in self.retry_consumer.poll(timeout_ms=0).items():
                 self._retry_records(tp, records)
-                continue
+        for tp, records in batches.items():
             for record in records:
                 self._record(tp.partition, record)
             self.offsets.consumed(tp.partition, records[-1].offset + 1)
@@ -292,7 +315,7 @@ class JudgeWorker(AsyncConsumerRebalanceListener):
 
     def _retry_records(self, tp: TopicPartition, records: list[Any]) -> None:
         """Forward what is due to the judge queue; at the first record not yet due, pause the partition on it."""
-        assert self.consumer is not None
+        assert self.retry_consumer is not None
         now_ms = time.time() * 1000
         for record in records:
             try:
@@ -303,8 +326,8 @@ class JudgeWorker(AsyncConsumerRebalanceListener):
                 self.retry_offsets.consumed(tp.partition, record.offset + 1)
                 continue
             if due_ms > now_ms:
-                self.consumer.seek(tp, record.offset)
-                self.consumer.pause(tp)
+                self.retry_consumer.seek(tp, record.offset)
+                self.retry_consumer.pause(tp)
                 self._retry_due[tp.partition] = due_ms / 1000
                 return
             self._forward(record)
@@ -336,13 +359,13 @@ class JudgeWorker(AsyncConsumerRebalanceListener):
 
     def _wake_retries(self) -> None:
         """Resume each retry partition whose waiting record is due (unless the worker is stopping)."""
-        if self.consumer is None or self.stopping or not self._retry_due:
+        if self.retry_consumer is None or self.stopping or not self._retry_due:
             return
         now = time.time()
         for partition, due in list(self._retry_due.items()):
             if due <= now:
                 del self._retry_due[partition]
-                self.consumer.resume(TopicPartition(self.topics.judge_retry, partition))
+                self.retry_consumer.resume(TopicPartition(self.topics.judge_retry, partition))
 
     def _record(self, partition: int, record: Any) -> None:
         kind = R.kind_of(record.headers)
@@ -514,6 +537,7 @@ class JudgeWorker(AsyncConsumerRebalanceListener):
         if self.consumer is None:
             return
         offsets = self._ack_and_offsets()
+        self._commit_retries(offsets)
         if not offsets:
             return
         try:
@@ -524,6 +548,21 @@ class JudgeWorker(AsyncConsumerRebalanceListener):
         for tp, meta in offsets.items():
             committed = self._committed if tp.topic == self.topics.judge_queue else self._retry_committed
             committed[tp.partition] = meta.offset
+
+    def _commit_retries(self, offsets: dict[TopicPartition, OffsetAndMetadata]) -> None:
+        """Take the retry topic's offsets out of `offsets` and commit them with the retry consumer."""
+        retries = {tp: meta for tp, meta in offsets.items() if tp.topic == self.topics.judge_retry}
+        for tp in retries:
+            del offsets[tp]
+        if not retries or self.retry_consumer is None:
+            return
+        try:
+            self.retry_consumer.commit(retries)
+        except Exception as exc:
+            logger.warning("retry-topic commit failed (will retry; a retry may be forwarded twice): %r", exc)
+            return
+        for tp, meta in retries.items():
+            self._retry_committed[tp.partition] = meta.offset
 
     def update_gauges(self, *, lag: bool) -> None:
         self.prometheus.in_flight.set(self.pool.in_flight)
@@ -553,7 +592,8 @@ class JudgeWorker(AsyncConsumerRebalanceListener):
         for partition in sorted(self._retry_assigned):
             tp = TopicPartition(self.topics.judge_retry, partition)
             try:
-                positions[tp] = self.consumer.position(tp, timeout_ms=0) or 0
+                assert self.retry_consumer is not None
+                positions[tp] = self.retry_consumer.position(tp, timeout_ms=0) or 0
             except Exception:
                 return  # a position not known yet (just assigned): counted at the next refresh
         ends = self.probe.highwaters(positions) if positions else {}
@@ -597,7 +637,7 @@ class JudgeWorker(AsyncConsumerRebalanceListener):
             self.commit()
         except Exception as exc:
             logger.warning("final judge-queue commit failed: %r", exc)
-        for client in (self.probe, self.consumer):
+        for client in (self.probe, self.retry_consumer, self.consumer):
             try:
                 if isinstance(client, HighwaterProbe):
                     client.close()
