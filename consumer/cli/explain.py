@@ -134,6 +134,7 @@ def build_story(conversation_id: str, states: list[Any], results: list[dict[str,
                     "ended_at": _iso_ns(turn.get("end_ns")),
                     "seen_at": _iso_ms(record.timestamp),
                     "input": (turn.get("input") or "")[:120],
+                    "_order": (turn.get("start_ns") or 0, turn.get("index") or 0),
                 }
         status = (state.get("status"), state.get("completed_by"), tuple(state.get("dispatched") or {}))
         if status != last_status:
@@ -179,7 +180,10 @@ def build_story(conversation_id: str, states: list[Any], results: list[dict[str,
         "source": "changelog" if latest is not None else "results topic",
         "status": (latest or {}).get("status") or ("forgotten" if forgotten_at else "completed"),
         "forgotten_at": forgotten_at,
-        "turns": sorted(turns_seen.values(), key=lambda t: (t["started_at"] or "", t["span_id"])),
+        "turns": [
+            {k: v for k, v in turn.items() if k != "_order"}
+            for turn in sorted(turns_seen.values(), key=lambda t: t["_order"])
+        ],
         "trace_ids": sorted(
             {t["trace_id"] for t in turns_seen.values() if t["trace_id"]} | set(first.get("trace_ids") or [])
         ),
