@@ -271,7 +271,14 @@ def build_outputs(
                 on_error=(lambda: on_output_error("results_topic")) if on_output_error else None,
                 **producer_config,
             ).start()
-        sinks.append(ResultsTopic(results_writer, transcript=settings.results_transcript))
+        sinks.append(
+            ResultsTopic(
+                results_writer,
+                settings.metrics,
+                unjudged=settings.results_unjudged,
+                transcript=settings.results_transcript,
+            )
+        )
     # Only a live consumer notifies (it passes its series): a backfill's verdicts are past, never a page to anyone.
     live = notifications is not None and bool(settings.notify_url)
     notifier = build_notifier(settings, notifications, on_output_error) if live else None

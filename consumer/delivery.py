@@ -22,7 +22,8 @@ from tracejudge._shared.rate_limited_log import RateLimitedLog
 
 from .emit.prometheus import ConsumerInstruments
 from .feedback import FeedbackJoiner
-from .judgement import Judgement
+from .judgement import OUTCOME_RETRYING, Judgement, Retry
+from .retries import RetryPolicy
 
 logger = logging.getLogger("tracejudge.consumer")
 
@@ -35,11 +36,21 @@ class JudgementSink(Protocol):
 
 class Delivery:
     def __init__(
-        self, prometheus: ConsumerInstruments, sinks: Sequence[JudgementSink], *, feedback: FeedbackJoiner | None = None
+        self,
+        prometheus: ConsumerInstruments,
+        sinks: Sequence[JudgementSink],
+        *,
+        feedback: FeedbackJoiner | None = None,
+        retries: RetryPolicy | None = None,
     ) -> None:
         self.prometheus = prometheus
         self.sinks = list(sinks)
         self.feedback = feedback
+        self.retries = retries
+        # Writes a retrying judgement's job to the retry topic; its event is set once the broker has it (the judge
+        # worker's, set when it opens). Without it (no Kafka runtime) nothing is retried.
+        self.reschedule: Callable[[Judgement], threading.Event] | None = None
+        self.retried: dict[str, Retry] = {}  # job key → its retries so far (a job forwarded from the retry topic)
         self.judgements = 0  # judged (not sampled out) in this run
         self.outcomes: Counter[str] = Counter()  # every outcome in this run, as tracejudge_sessions_total counts them
         self.sink_errors = 0
@@ -54,22 +65,35 @@ class Delivery:
         return len(self._awaiting)
 
     def judged(self, judgement: Judgement) -> None:
-        """The pool's `on_done`: a judgement (judged, failed or skipped for budget) is out."""
+        """The pool's `on_done`: a judgement (judged, failed or skipped for budget) is out; a failure that can pass
+        (within the retry horizon) goes out as `retrying`, its job written to the retry topic."""
+        judgement.retry = self.retried.pop(judgement.job.key, judgement.retry)
+        if self.retries is not None and self.reschedule is not None:
+            try:
+                judgement = self.retries.review(judgement)
+            except Exception:
+                logger.exception("deciding a retry failed for conversation %s", judgement.job.conversation_id)
         self.judgements += 1
         if self.feedback is not None:
             try:  # whatever happens here, the judgement is queued: one never queued would hold its offset forever
                 self.feedback.verdicts(judgement)
             except Exception:
                 logger.exception("joining feedback failed for conversation %s", judgement.job.conversation_id)
-        self._done.put((judgement, self._emit(judgement)))
+        deliveries = self._emit(judgement)
+        if judgement.outcome == OUTCOME_RETRYING:
+            assert self.reschedule is not None
+            deliveries.append(self.reschedule(judgement))  # its offset waits until the retry record is durable
+        self._done.put((judgement, deliveries))
 
     def not_judged(self, judgement: Judgement) -> None:
         """A conversation that was not sent to the judges (sampled out): its outcome goes out all the same."""
+        self.retried.pop(judgement.job.key, None)
         self._done.put((judgement, self._emit(judgement)))
 
     def _emit(self, judgement: Judgement) -> list[threading.Event]:
         with self._errors_lock:
-            self.outcomes[judgement.outcome] += 1
+            if judgement.outcome != OUTCOME_RETRYING:
+                self.outcomes[judgement.outcome] += 1
         try:
             self.prometheus.record_judgement(judgement)
         except Exception:

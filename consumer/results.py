@@ -1,4 +1,9 @@
-"""A judgement as a record: the deterministic result id and the fields every output shares."""
+"""A judgement as a record: the deterministic result id and the fields every output shares.
+
+Every completed conversation gets one record per metric and final outcome: judged, failed (its reason), empty (no
+text to judge), sampled out (the rate and the conversation's sample point), skipped for budget; and while it waits
+for another attempt, `retrying` (until when, and when next). `tracejudge explain` reads them back.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +14,10 @@ from typing import Any
 
 from tracejudge.metrics import MetricResult
 
-from .judgement import Judgement
+from .judgement import OUTCOME_FAILED, OUTCOME_RETRYING, OUTCOME_SAMPLED_OUT, Judgement
+from .sampling import sample_point
+
+OUTCOME_EMPTY = "empty"  # the results topic's name for a failure without text to judge (empty_conversation)
 
 
 def result_id(conversation_id: str, metric: str, content: str) -> str:
@@ -41,6 +49,27 @@ def judged_turns(result: MetricResult) -> list[dict[str, Any]] | None:
     return turns if isinstance(turns, list) else None
 
 
+def _seconds_iso(seconds: float | None) -> str | None:
+    return None if seconds is None else datetime.fromtimestamp(seconds, tz=UTC).isoformat()
+
+
+def record_outcome(judgement: Judgement, result: MetricResult | None) -> str:
+    if judgement.outcome == OUTCOME_FAILED and result is not None and result.error_kind == "empty_conversation":
+        return OUTCOME_EMPTY
+    return judgement.outcome
+
+
+def outcome_record(judgement: Judgement, metric: str) -> dict[str, Any]:
+    """A metric's record for a conversation without its result: sampled out, skipped for budget before this
+    metric's call, or failed before any call."""
+    result = MetricResult(name=metric, threshold=0.0, model="")
+    if judgement.outcome == OUTCOME_FAILED:
+        result.error, result.error_kind = "failed before the judge call", "internal"
+    record = result_record(judgement, result)
+    record["threshold"] = None
+    return record
+
+
 def result_record(
     judgement: Judgement, result: MetricResult, *, shadow: bool = False, transcript: bool = False
 ) -> dict[str, Any]:
@@ -49,6 +78,9 @@ def result_record(
     job = judgement.job
     exchanges = job.exchanges
     content = f"{job.content_id}\x1fshadow\x1f{result.model}" if shadow else job.content_id
+    retry = judgement.retry
+    sampled_out = judgement.outcome == OUTCOME_SAMPLED_OUT
+    completed = None if job.completed_ms is None else job.completed_ms / 1000.0
     record = {
         "result_id": result_id(job.conversation_id, result.name, content),
         "shadow": shadow,
@@ -58,7 +90,7 @@ def result_record(
         "metric": result.name,
         "version": job.version,
         "turn_count": job.version,  # a version is its turn count (JudgeJob.version): the pinned key says so
-        "outcome": judgement.outcome,
+        "outcome": record_outcome(judgement, result),
         "verdict": result.verdict,
         "score": result.score,
         "passed": result.success,
@@ -79,10 +111,21 @@ def result_record(
         "completed_by": job.completed_by,
         "truncated": job.truncated,
         "trace_id": job.last_exchange.trace_id,
+        "trace_ids": sorted({e.trace_id for e in exchanges if e.trace_id}),
         "span_id": job.last_exchange.span_id,
         "conversation_started_at": _iso(exchanges[0].start_ns),
         "conversation_last_turn_at": _iso(exchanges[-1].end_ns),
+        "completed_at": _seconds_iso(completed),
         "judged_at": datetime.fromtimestamp(judgement.judged_at, tz=UTC).isoformat(),
+        "delay_s": None if completed is None else round(max(0.0, judgement.judged_at - completed), 3),
+        "sample_rate": judgement.sample_rate if sampled_out else None,
+        "sample_point": round(sample_point(job.conversation_id), 6) if sampled_out else None,
+        "attempt": None if retry is None else retry.attempt,
+        "retry_reason": None if retry is None else retry.reason,
+        "retry_until": None if retry is None else _seconds_iso(retry.until),
+        "next_attempt_at": _seconds_iso(retry.next_at if judgement.outcome == OUTCOME_RETRYING else None)
+        if retry is not None
+        else None,
     }
     if transcript:
         record["transcript"] = judged_turns(result)

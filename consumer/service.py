@@ -29,6 +29,7 @@ from .emit.prometheus import ConsumerInstruments, family_total
 from .feedback import FeedbackJoiner
 from .judgement import OUTCOMES
 from .pool import JudgePool
+from .retries import RetryPolicy
 
 if TYPE_CHECKING:
     from .canary import Canary
@@ -157,7 +158,12 @@ class ConsumerService:
         self.feedback = FeedbackJoiner(prometheus.record_agreement)
         self.sampler = Sampler(settings.sample_rate, settings.agent_sample_rates)
         self._connected = False
-        self.delivery = Delivery(prometheus, sinks, feedback=self.feedback)
+        self.delivery = Delivery(
+            prometheus,
+            sinks,
+            feedback=self.feedback,
+            retries=RetryPolicy(settings.judge_retry_horizon, settings.judge_retry_backoff),
+        )
         self.pool = JudgePool(
             judges,
             self.delivery.judged,

@@ -187,6 +187,13 @@ class Settings(BaseSettings):
         see="feedback-and-backfill.md#from-a-verdict-to-a-regression-test",
         group=OUTPUTS,
     )
+    results_unjudged: bool = _env(
+        "TRACEJUDGE_RESULTS_UNJUDGED",
+        True,
+        "write sampled-out and skipped-for-budget outcomes to the results topic too (off: one record per metric "
+        "fewer for each; `explain` then cannot tell them from conversations never completed)",
+        group=OUTPUTS,
+    )
     dead_letter_topic: str | None = _env(
         "TRACEJUDGE_DEAD_LETTER_TOPIC", None, "Kafka topic for records that cannot be read (none: off)", group=OUTPUTS
     )
@@ -245,6 +252,21 @@ class Settings(BaseSettings):
         group=JUDGE,
     )
     judge_retries: int = _env("TRACEJUDGE_JUDGE_RETRIES", 3, "retries of a failed judge call", group=JUDGE)
+    judge_retry_horizon: float = _env(
+        "TRACEJUDGE_JUDGE_RETRY_HORIZON",
+        21_600.0,
+        "a judgement that failed for a reason that can pass (5xx, rate limit, timeout, connection, expired batch) is "
+        "tried again, durably, until this long after its first failure; then it fails with its last reason (0: never)",
+        metavar="DURATION",
+        group=JUDGE,
+    )
+    judge_retry_backoff: float = _env(
+        "TRACEJUDGE_JUDGE_RETRY_BACKOFF",
+        30.0,
+        "the wait before a failed judgement's first retry, doubled at each attempt up to 10 minutes",
+        metavar="DURATION",
+        group=JUDGE,
+    )
     judge_tier: Literal["standard", "flex", "batch"] = _env(
         "TRACEJUDGE_JUDGE_TIER",
         "standard",
@@ -569,6 +591,14 @@ class Settings(BaseSettings):
                 f"{value!r}: unknown field {exc}; use {{trace_id}}, {{conversation_id}}, {{agent}}, {{result_id}}"
             ) from None
         return value
+
+    @field_validator("judge_retry_horizon", "judge_retry_backoff", mode="before")
+    @classmethod
+    def _retry_durations(cls, value: Any) -> float:
+        seconds = parse_duration(value)
+        if seconds < 0:
+            raise ValueError(f"must not be negative, got {value!r}")
+        return seconds
 
     @field_validator("canary_interval", mode="before")
     @classmethod

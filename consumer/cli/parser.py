@@ -1,4 +1,4 @@
-"""`tracejudge` command line: consume, demo, backfill, calibrate, compare, export, broker; one module per command.
+"""`tracejudge` command line: consume, demo, backfill, calibrate, compare, explain, export, broker; a module each.
 
 Invalid configuration: one clear line and exit code 2, before any I/O. What stops a start that the user can fix (a
 metrics port in use: 2; Kafka not answering within `bootstrap_timeout_ms`: 69) is one line too, never a traceback.
@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError, version
 
-from . import backfill, broker, calibrate, compare, demo, export
+from . import backfill, broker, calibrate, compare, demo, explain, export
 from .consume import calibration_refused, run_consume
 from .options import EXIT_USAGE, add_consumer_flags, settings_from_args
 
@@ -73,6 +73,12 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_arguments(compare_parser)
     add_consumer_flags(compare_parser, only=compare.COMPARE_OPTIONS)
     compare_parser.set_defaults(handler=compare.run_compare)
+    explain_parser = commands.add_parser(
+        "explain", help="one conversation's story from Kafka: its turns, completion, sampling and judgements"
+    )
+    explain.add_arguments(explain_parser)
+    add_consumer_flags(explain_parser, only=explain.EXPLAIN_OPTIONS)
+    explain_parser.set_defaults(handler=explain.run_explain)
     export_parser = commands.add_parser(
         "export", help="the conversations behind chosen verdicts, as a dataset and a regression suite"
     )

@@ -39,6 +39,7 @@ logger = logging.getLogger("tracejudge.consumer.conversation")
 
 OPEN, COMPLETED = "open", "completed"
 JUDGED_OUTCOMES = frozenset({"judged", "failed"})
+RETRYING = "retrying"  # judgement.OUTCOME_RETRYING: not final, a later attempt's outcome follows
 _SPAN_OVERHEAD = 200  # bytes a kept span costs beyond its text (ids, times, dict slots): an estimate, for the bound
 _STATE_OVERHEAD = 600
 MAX_FEEDBACK = 100
@@ -307,6 +308,8 @@ class ConversationTable:
             return
         state.dispatched[cid_content] = outcome
         self._touch(state)
+        if outcome == RETRYING:
+            return  # not final: negative feedback waiting for the outcome keeps waiting
         if (
             state.rejudge_on_outcome
             and outcome not in JUDGED_OUTCOMES
@@ -365,7 +368,7 @@ class ConversationTable:
                 continue
             if state.completed_ms is None or now_ms - state.completed_ms < self.retention_ms:
                 break
-            unanswered = any(outcome is None for outcome in state.dispatched.values())
+            unanswered = any(outcome is None or outcome == RETRYING for outcome in state.dispatched.values())
             if unanswered and now_ms - state.completed_ms < 2 * self.retention_ms:
                 continue  # its outcome is not back yet: kept a while longer, without holding up the others
             if unanswered:
@@ -556,8 +559,8 @@ class ConversationTable:
         outcome = state.dispatched.get(last) if last is not None else None
         if last is None or outcome in JUDGED_OUTCOMES:
             return  # judged: the feedback joins the verdict, no second call
-        if outcome is None:
-            if self._join_outbox(state.id, last):
+        if outcome is None or outcome == RETRYING:
+            if outcome is None and self._join_outbox(state.id, last):
                 return  # not sampled yet (same record or poll batch): the feedback is part of that snapshot
             state.rejudge_on_outcome = True  # its outcome decides (see `verdict`)
             return

@@ -27,7 +27,7 @@ from tracejudge._shared.rate_limited_log import RateLimitedLog
 from tracejudge.metrics import MetricResult
 from tracejudge.tracer.semconv import ERROR_TYPE, GEN_AI_AGENT_NAME, GEN_AI_CONVERSATION_ID
 
-from ..judgement import Judgement
+from ..judgement import OUTCOME_RETRYING, Judgement
 from ..results import result_id
 from .acknowledged import Ticket, ticket_for
 
@@ -154,6 +154,8 @@ class EvaluationEmitter:
         self.acknowledged = acknowledged
 
     def emit(self, judgement: Judgement) -> list[threading.Event] | None:
+        if judgement.outcome == OUTCOME_RETRYING:
+            return None  # not an evaluation yet: its final attempt's results are emitted
         per_result = 1 + (self.logger is not None)
         ticket = Ticket(len(judgement.results) * per_result)
         with ticket_for(ticket):

@@ -19,7 +19,7 @@ from tracejudge.metrics.conversational_flow import CONVERSATIONAL_FLOW_WEIGHTS
 from tracejudge.metrics.failure_rate import FAILURE_RATE_WEIGHTS
 
 from ..feedback import Agreement
-from ..judgement import OUTCOME_SAMPLED_OUT, OUTCOMES, Judgement
+from ..judgement import OUTCOME_RETRYING, OUTCOME_SAMPLED_OUT, OUTCOMES, Judgement
 from .judge_watch import PURPOSE_LIVE, PURPOSE_SHADOW, CanaryInstruments, ShadowInstruments
 from .notify import NotificationInstruments
 
@@ -299,6 +299,12 @@ class ConsumerInstruments:
         )
         self.sessions_open = Gauge("tracejudge_sessions_open", "Conversations being assembled", registry=registry)
         self.in_flight = Gauge("tracejudge_judgements_in_flight", "Judge calls under way", registry=registry)
+        self.retrying = Gauge(
+            "tracejudge_judgements_retrying",
+            "Conversations whose judgement failed for a reason that can pass, waiting in the retry topic for their "
+            "next attempt (this replica's retry-topic partitions)",
+            registry=registry,
+        )
         self.records = Counter("tracejudge_records_total", "Kafka records by outcome", ["outcome"], registry=registry)
         self.lag = Gauge(
             "tracejudge_consumer_lag",
@@ -384,8 +390,9 @@ class ConsumerInstruments:
 
     def record_judgement(self, judgement: Judgement) -> None:
         agent = self._agent(judgement.job.agent)
-        self.conversations.labels(agent=agent, outcome=judgement.outcome).inc()
-        for result in judgement.results:
+        if judgement.outcome != OUTCOME_RETRYING:  # a conversation counts once, at its final outcome
+            self.conversations.labels(agent=agent, outcome=judgement.outcome).inc()
+        for result in judgement.results:  # every attempt's calls: their errors, latency and spend
             self.judge_latency.labels(metric=result.name).observe(result.latency_s)
             if result.cost_usd:
                 self.judge_cost.labels(metric=result.name, model=result.model, purpose=PURPOSE_LIVE).inc(
@@ -431,7 +438,7 @@ class ConsumerInstruments:
     def record_verdict_delay(self, judgement: Judgement, now: float | None = None) -> None:
         """A judged conversation's verdicts are delivered: how long after the conversation completed."""
         completed_ms = judgement.job.completed_ms
-        if completed_ms is None or judgement.outcome == OUTCOME_SAMPLED_OUT:
+        if completed_ms is None or judgement.outcome in (OUTCOME_SAMPLED_OUT, OUTCOME_RETRYING):
             return
         delay = max(0.0, (time.time() if now is None else now) - completed_ms / 1000.0)
         for result in judgement.results:

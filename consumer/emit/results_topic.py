@@ -1,27 +1,39 @@
-"""One JSON record per conversation, metric and version, keyed by conversation id: for warehouses and replays."""
+"""One JSON record per conversation, metric and outcome, keyed by conversation id: for warehouses, replays and
+`tracejudge explain`. With `unjudged` off, sampled-out and skipped-for-budget conversations write nothing (a record
+per metric fewer for each: at a 1% sample rate, 99% of the volume)."""
 
 from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Sequence
 
-from ..judgement import Judgement
-from ..results import result_record
+from ..judgement import OUTCOME_SAMPLED_OUT, OUTCOME_SKIPPED_BUDGET, Judgement
+from ..results import outcome_record, result_record
 from ._kafka_writer import KafkaWriter
 
 
 class ResultsTopic:
-    def __init__(self, writer: KafkaWriter, *, transcript: bool = False) -> None:
+    def __init__(
+        self, writer: KafkaWriter, metrics: Sequence[str] = (), *, unjudged: bool = True, transcript: bool = False
+    ) -> None:
         self.writer = writer
+        self.metrics = list(metrics)  # every metric gets a record, with its result or with the outcome alone
+        self.unjudged = unjudged
         self.transcript = transcript  # --results-transcript: the turns as judged go with each record
 
     def emit(self, judgement: Judgement) -> list[threading.Event]:
         """Returns the deliveries: the consumer commits the conversation only once the broker has them all."""
         key = judgement.job.conversation_id.encode("utf-8", "surrogatepass")
-        deliveries = []
-        records = [result_record(judgement, r, transcript=self.transcript) for r in judgement.results]
+        deliveries: list[threading.Event] = []
+        if not self.unjudged and judgement.outcome in (OUTCOME_SAMPLED_OUT, OUTCOME_SKIPPED_BUDGET):
+            return deliveries
+        records = [result_record(judgement, result, transcript=self.transcript) for result in judgement.results]
+        have = {result.name for result in judgement.results}
+        records += [outcome_record(judgement, metric) for metric in self.metrics if metric not in have]
         records += [
-            result_record(judgement, r, shadow=True, transcript=self.transcript) for r in judgement.shadow_results
+            result_record(judgement, result, shadow=True, transcript=self.transcript)
+            for result in judgement.shadow_results
         ]
         for record in records:
             value = json.dumps(record, ensure_ascii=False).encode("utf-8", "surrogatepass")

@@ -4,8 +4,15 @@ Its own consumer group (`<group>-judges`, cooperative-sticky) on the judge-queue
 from assembly and a slow judge is judge-queue lag, not memory: past `max_pending` jobs the worker pauses its
 partitions. A job's offset is committed once every output reported it durable (the results topic acknowledged,
 the OTLP exporter succeeded) and the verdict acknowledgement (which tells the conversation's owner the outcome,
-for negative feedback) is acknowledged. The group's `--max-cost-per-hour` is split by the judge-queue partitions
-each worker owns, so replicas together never exceed it.
+for negative feedback) is acknowledged. A judgement that failed for a reason that can pass is written to the
+retry topic (`retries.py`); the worker owns retry partition p whenever it owns judge-queue partition p (they are
+co-partitioned, as a Kafka Streams task owns its partitions; a second consumer, manually assigned, its offsets
+committed under `<group>-judges-retries`: the group's assignor balances the judge queue alone) and forwards each
+record to the judge queue once its not-before time has come: a record not yet due pauses its retry partition
+(seeked back to it) until then. Its retry offset is committed once the forwarded job is acknowledged, so a kill -9
+anywhere loses no retry (it may forward one twice: the copy is answered from the first, or judged again to the
+same result id). The group's `--max-cost-per-hour` is split by the judge-queue partitions each worker owns, so
+replicas together never exceed it.
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ from ..feedback import FeedbackJoiner
 from ..judgement import OUTCOME_JUDGED, OUTCOME_SAMPLED_OUT, Judgement
 from ..offsets import OffsetTracker
 from ..pool import JudgePool
+from ..retries import iso, retry_from_json, retry_to_json
 from ..settings import Settings
 from . import records as R
 from .instruments import StreamsInstruments
@@ -67,10 +75,17 @@ class JudgeWorker(AsyncConsumerRebalanceListener):
         self.feedback = feedback
         self.topics = InternalTopics(settings.group_id)
         self.offsets = OffsetTracker()
+        self.retry_offsets = OffsetTracker()  # the retry topic's: a record is held until its forward is acknowledged
+        self._retry_assigned: set[int] = set()
+        self._retry_committed: dict[int, int] = {}
+        self._retry_due: dict[int, float] = {}  # retry partition paused on a record not yet due → its time
+        self._unforwarded: queue.SimpleQueue[Any] = queue.SimpleQueue()  # forwards that failed, sent again
+        self._unscheduled: queue.SimpleQueue[tuple[Judgement, threading.Event]] = queue.SimpleQueue()
         self.max_pending = max(4, pool.max_concurrency * 4)
         self.consumer_factory = consumer_factory
         self.producer_factory = producer_factory
         self.consumer: KafkaConsumer | None = None
+        self.retry_consumer: KafkaConsumer | None = None
         self.producer: KafkaProducer | None = None
         self.probe = HighwaterProbe(consumer_factory, settings.bootstrap_servers, settings.consumer_config())
         self.paused = False
@@ -135,6 +150,15 @@ class JudgeWorker(AsyncConsumerRebalanceListener):
         self.consumer = self.consumer_factory(**config)
         guard_membership(self.consumer)
         self.consumer.subscribe([self.topics.judge_queue], listener=self)
+        self.retry_consumer = self.consumer_factory(
+            bootstrap_servers=settings.bootstrap_servers,
+            group_id=f"{self.group_id}-retries",  # never joined: offsets only
+            client_id="tracejudge-judge-retries",
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            **common,
+        )
+        self.delivery.reschedule = self._reschedule
 
     # -- rebalance --------------------------------------------------------------------------------------------------
 
@@ -144,21 +168,41 @@ class JudgeWorker(AsyncConsumerRebalanceListener):
             return
         self.pool.set_budget(self._budget_total * len(self.assigned) / max(1, self.partitions))
 
+    def _split(self, tps: Any) -> tuple[set[int], set[int]]:
+        """Judge-queue partitions, retry-topic partitions."""
+        tps = list(tps or ())
+        queue_ = {tp.partition for tp in tps if tp.topic == self.topics.judge_queue}
+        return queue_, {tp.partition for tp in tps if tp.topic == self.topics.judge_retry}
+
     async def on_partitions_assigned(self, assigned: Any) -> None:
-        self.assigned |= {tp.partition for tp in assigned}
+        queue_partitions, _ = self._split(assigned)
+        self.assigned |= queue_partitions
+        self._retry_assigned |= queue_partitions
+        self._assign_retries()
         self.share_budget()
-        if (self.paused or self.stopping) and self.consumer is not None and assigned:
-            self.consumer.pause(*assigned)  # backpressure holds across a rebalance
+        if self.consumer is not None and assigned:
+            if self.stopping:
+                self.consumer.pause(*assigned)
+            elif self.paused:  # backpressure holds across a rebalance
+                self.consumer.pause(*(tp for tp in assigned if tp.topic == self.topics.judge_queue))
         self.joined.set()
-        if assigned:
-            logger.info("judge-queue partitions assigned: %s", sorted(tp.partition for tp in assigned))
+        if queue_partitions:
+            logger.info("judge-queue partitions assigned: %s", sorted(queue_partitions))
+
+    def _assign_retries(self) -> None:
+        """The retry partitions of the judge-queue partitions owned (positions from their committed offsets)."""
+        if self.retry_consumer is not None:
+            topic = self.topics.judge_retry
+            self.retry_consumer.assign([TopicPartition(topic, p) for p in sorted(self._retry_assigned)])
 
     async def on_partitions_revoked(self, revoked: Any) -> None:
-        mine = {tp.partition for tp in revoked}
-        if not mine or self.consumer is None:
+        mine, _ = self._split(revoked)
+        retry_mine = set(mine)
+        if not (mine or retry_mine) or self.consumer is None:
             return
         self.delivery.drain(self._finished)
-        offsets = self._ack_and_offsets(mine)
+        offsets = self._ack_and_offsets(mine, retry_mine)
+        self._commit_retries(offsets)
         if offsets:
             try:
                 await self.consumer.commit_async(offsets)
@@ -167,12 +211,24 @@ class JudgeWorker(AsyncConsumerRebalanceListener):
         if self.pool.batched:
             self.pool.abandon(mine)
         self._forget(mine)
+        self._forget_retries(retry_mine)
 
     async def on_partitions_lost(self, lost: Any) -> None:
-        partitions = {tp.partition for tp in lost}
+        partitions, _ = self._split(lost)
+        retry_partitions = set(partitions)
         if self.pool.batched:
             self.pool.abandon(partitions)
         self._forget(partitions)
+        self._forget_retries(retry_partitions)
+
+    def _forget_retries(self, partitions: set[int]) -> None:
+        self._retry_assigned -= partitions
+        self.retry_offsets.forget_partitions(partitions)
+        for partition in partitions:
+            self._retry_committed.pop(partition, None)
+            self._retry_due.pop(partition, None)
+        if partitions:
+            self._assign_retries()
 
     def _forget(self, partitions: set[int]) -> None:
         self.assigned -= partitions
@@ -195,13 +251,122 @@ class JudgeWorker(AsyncConsumerRebalanceListener):
     def step(self) -> None:
         assert self.consumer is not None
         batches = self.consumer.poll(timeout_ms=100, max_records=self.max_pending)
+        if self.retry_consumer is not None and self._retry_assigned and not self.stopping:
+            for tp, records in self.retry_consumer.poll(timeout_ms=0).items():
+                self._retry_records(tp, records)
         for tp, records in batches.items():
             for record in records:
                 self._record(tp.partition, record)
             self.offsets.consumed(tp.partition, records[-1].offset + 1)
         self.delivery.drain(self._finished)
         self._resend_acknowledgements()
+        self._resend_retries()
+        self._wake_retries()
         self._backpressure()
+
+    # -- the retry topic --------------------------------------------------------------------------------------------
+
+    def _reschedule(self, judgement: Judgement) -> threading.Event:
+        """A retrying judgement's job to the retry topic (its conversation's partition); the event is set once the
+        broker has it (Delivery holds the job's offset until then). Called on the pool's thread."""
+        event = threading.Event()
+        self._send_retry(judgement, event)
+        return event
+
+    def _send_retry(self, judgement: Judgement, event: threading.Event) -> None:
+        job, retry = judgement.job, judgement.retry
+        assert self.producer is not None and retry is not None
+        value = R.job_to_json(job, sampled=True, completed_ms=job.completed_ms or 0)
+        value["retry"] = retry_to_json(retry)
+        producer = self.producer
+
+        def failed(exc: BaseException) -> None:
+            self.prometheus.record_output_error("internal_topics")
+            self._log.warning("a retry record could not be written: %r (sent again; the job stays held)", exc)
+            self._unscheduled.put((judgement, event))
+
+        try:
+            future = producer.send(
+                self.topics.judge_retry,
+                key=job.conversation_id.encode("utf-8", "surrogatepass"),
+                value=R.dumps(value),
+                headers=R.header(R.JOB),
+                partition=job.partition,
+            )
+        except Exception as exc:
+            failed(exc)
+            return
+        future.add_callback(lambda _metadata: event.set())
+        future.add_errback(failed)
+
+    def _resend_retries(self) -> None:
+        for _ in range(self._unscheduled.qsize()):
+            try:
+                judgement, event = self._unscheduled.get_nowait()
+            except queue.Empty:
+                break
+            self._send_retry(judgement, event)
+        for _ in range(self._unforwarded.qsize()):
+            try:
+                record = self._unforwarded.get_nowait()
+            except queue.Empty:
+                break
+            if record.partition in self._retry_assigned:
+                self._forward(record)
+
+    def _retry_records(self, tp: TopicPartition, records: list[Any]) -> None:
+        """Forward what is due to the judge queue; at the first record not yet due, pause the partition on it."""
+        assert self.retry_consumer is not None
+        now_ms = time.time() * 1000
+        for record in records:
+            try:
+                retry = retry_from_json(R.loads(record.value).get("retry"))
+                due_ms = retry.next_at * 1000 if retry is not None and retry.next_at is not None else 0.0
+            except Exception as exc:
+                self._log.warning("unreadable retry record at %d/%d skipped: %r", tp.partition, record.offset, exc)
+                self.retry_offsets.consumed(tp.partition, record.offset + 1)
+                continue
+            if due_ms > now_ms:
+                self.retry_consumer.seek(tp, record.offset)
+                self.retry_consumer.pause(tp)
+                self._retry_due[tp.partition] = due_ms / 1000
+                return
+            self._forward(record)
+            self.retry_offsets.consumed(tp.partition, record.offset + 1)
+
+    def _forward(self, record: Any) -> None:
+        assert self.producer is not None
+        key = f"r{record.partition}:{record.offset}"
+        self.retry_offsets.hold(key, record.partition, record.offset)
+        producer = self.producer
+
+        def failed(exc: BaseException) -> None:
+            self._log.warning("a due retry could not be forwarded to the judge queue: %r (sent again)", exc)
+            self._unforwarded.put(record)
+
+        try:
+            future = producer.send(
+                self.topics.judge_queue,
+                key=record.key,
+                value=record.value,
+                headers=R.header(R.JOB),
+                partition=record.partition,
+            )
+        except Exception as exc:
+            failed(exc)
+            return
+        future.add_callback(lambda _metadata: self.retry_offsets.release(key))
+        future.add_errback(failed)
+
+    def _wake_retries(self) -> None:
+        """Resume each retry partition whose waiting record is due (unless the worker is stopping)."""
+        if self.retry_consumer is None or self.stopping or not self._retry_due:
+            return
+        now = time.time()
+        for partition, due in list(self._retry_due.items()):
+            if due <= now:
+                del self._retry_due[partition]
+                self.retry_consumer.resume(TopicPartition(self.topics.judge_retry, partition))
 
     def _record(self, partition: int, record: Any) -> None:
         kind = R.kind_of(record.headers)
@@ -211,6 +376,7 @@ class JudgeWorker(AsyncConsumerRebalanceListener):
                 job, sampled, _completed_ms = R.job_from_json(
                     value, key=f"{partition}:{record.offset}", partition=partition
                 )
+                retry = retry_from_json(value.get("retry"))
             elif kind == R.FEEDBACK:
                 self._feedback(record.key.decode("utf-8", "surrogatepass"), value)
                 return
@@ -220,12 +386,23 @@ class JudgeWorker(AsyncConsumerRebalanceListener):
             self._log.warning("unreadable judge-queue record at %d/%d skipped: %r", partition, record.offset, exc)
             return
         self.offsets.hold(job.key, partition, record.offset)
+        if retry is not None:
+            logger.info(
+                "conversation %s: judge attempt %d (the last failed with %s; retried until %s)",
+                job.conversation_id,
+                retry.attempt + 1,
+                retry.reason,
+                iso(retry.until),
+            )
         if sampled and self._duplicate(job):
             self.instruments.duplicate_jobs.inc()
         elif sampled:
+            if retry is not None:
+                self.delivery.retried[job.key] = retry
             self.pool.submit(job)
         else:
-            self.delivery.not_judged(Judgement(job, OUTCOME_SAMPLED_OUT))
+            rate = self.settings.agent_sample_rates.get(job.agent, self.settings.sample_rate)
+            self.delivery.not_judged(Judgement(job, OUTCOME_SAMPLED_OUT, sample_rate=rate))
 
     def _duplicate(self, job: JudgeJob) -> bool:
         """A job for a transcript judged or being judged here is answered with that verdict; else it is the first.
@@ -306,20 +483,26 @@ class JudgeWorker(AsyncConsumerRebalanceListener):
             self._finished(judgement)
 
     def _backpressure(self) -> None:
+        """Pause and resume the judge-queue partitions only: a retry partition waits for its record's time."""
         assert self.consumer is not None
         full = self.pool.pending + self.delivery.awaiting >= self.max_pending
+        topic = self.topics.judge_queue
         if full:
-            unpaused = self.consumer.assignment() - self.consumer.paused()
+            unpaused = {tp for tp in self.consumer.assignment() - self.consumer.paused() if tp.topic == topic}
             if unpaused:
                 self.consumer.pause(*unpaused)
             if not self.paused:
                 logger.info("judges busy: %d jobs pending, the judge queue waits in Kafka", self.pool.pending)
             self.paused = True
         elif self.paused:
-            self.consumer.resume(*self.consumer.paused())
+            paused = [tp for tp in self.consumer.paused() if tp.topic == topic]
+            if paused:
+                self.consumer.resume(*paused)
             self.paused = False
 
-    def _ack_and_offsets(self, partitions: set[int] | None = None) -> dict[TopicPartition, OffsetAndMetadata]:
+    def _ack_and_offsets(
+        self, partitions: set[int] | None = None, retry_partitions: set[int] | None = None
+    ) -> dict[TopicPartition, OffsetAndMetadata]:
         assert self.producer is not None and self.consumer is not None
         if not self._flush_timed_out:  # after a timed-out flush, a failure of what it waited for is still to be seen
             self._ack_failed = False
@@ -333,18 +516,29 @@ class JudgeWorker(AsyncConsumerRebalanceListener):
         if self._ack_failed:
             self._renew_producer()
             return {}
-        return {
+        offsets = {
             TopicPartition(self.topics.judge_queue, partition): OffsetAndMetadata(offset, "", -1)
             for partition, offset in self.offsets.committable().items()
             if partition in self.assigned
             and (partitions is None or partition in partitions)
             and self._committed.get(partition) != offset
         }
+        offsets.update(
+            {
+                TopicPartition(self.topics.judge_retry, partition): OffsetAndMetadata(offset, "", -1)
+                for partition, offset in self.retry_offsets.committable().items()
+                if partition in self._retry_assigned
+                and (partitions is None or partition in (retry_partitions or set()))
+                and self._retry_committed.get(partition) != offset
+            }
+        )
+        return offsets
 
     def commit(self) -> None:
         if self.consumer is None:
             return
         offsets = self._ack_and_offsets()
+        self._commit_retries(offsets)
         if not offsets:
             return
         try:
@@ -353,15 +547,34 @@ class JudgeWorker(AsyncConsumerRebalanceListener):
             logger.warning("judge-queue commit failed (will retry): %r", exc)
             return
         for tp, meta in offsets.items():
-            self._committed[tp.partition] = meta.offset
+            committed = self._committed if tp.topic == self.topics.judge_queue else self._retry_committed
+            committed[tp.partition] = meta.offset
+
+    def _commit_retries(self, offsets: dict[TopicPartition, OffsetAndMetadata]) -> None:
+        """Take the retry topic's offsets out of `offsets` and commit them with the retry consumer."""
+        retries = {tp: meta for tp, meta in offsets.items() if tp.topic == self.topics.judge_retry}
+        for tp in retries:
+            del offsets[tp]
+        if not retries or self.retry_consumer is None:
+            return
+        try:
+            self.retry_consumer.commit(retries)
+        except Exception as exc:
+            logger.warning("retry-topic commit failed (will retry; a retry may be forwarded twice): %r", exc)
+            return
+        for tp, meta in retries.items():
+            self._retry_committed[tp.partition] = meta.offset
 
     def update_gauges(self, *, lag: bool) -> None:
         self.prometheus.in_flight.set(self.pool.in_flight)
         if not lag or self.consumer is None:
             return
-        paused = {tp.partition for tp in self.consumer.paused()}
+        self._count_retrying()
+        paused = {tp.partition for tp in self.consumer.paused() if tp.topic == self.topics.judge_queue}
         fresh = self._probe_highwaters(paused) if paused else {}
         for tp in self.consumer.assignment():
+            if tp.topic != self.topics.judge_queue:
+                continue
             end = fresh.get(tp.partition, self.consumer.highwater(tp))
             try:
                 position = self.consumer.position(tp, timeout_ms=0)
@@ -371,6 +584,23 @@ class JudgeWorker(AsyncConsumerRebalanceListener):
                 continue
             self.instruments.judge_queue_lag.labels(partition=str(tp.partition)).set(max(0, end - position))
             self._lag_reported.add(tp.partition)
+
+    def _count_retrying(self) -> None:
+        """tracejudge_judgements_retrying: the records of this worker's retry partitions not yet forwarded (the
+        log end, probed since a waiting partition is paused, minus the position)."""
+        assert self.consumer is not None
+        positions: dict[TopicPartition, int] = {}
+        for partition in sorted(self._retry_assigned):
+            tp = TopicPartition(self.topics.judge_retry, partition)
+            try:
+                assert self.retry_consumer is not None
+                positions[tp] = self.retry_consumer.position(tp, timeout_ms=0) or 0
+            except Exception:
+                return  # a position not known yet (just assigned): counted at the next refresh
+        ends = self.probe.highwaters(positions) if positions else {}
+        if positions and not ends:
+            return  # the probe could not measure (said in its own log): the last count stands
+        self.prometheus.retrying.set(sum(max(0, ends.get(tp, start) - start) for tp, start in positions.items()))
 
     def _probe_highwaters(self, partitions: set[int]) -> dict[int, int]:
         """Paused partitions are not fetched, so their high watermark goes stale: the probe learns it."""
@@ -408,7 +638,7 @@ class JudgeWorker(AsyncConsumerRebalanceListener):
             self.commit()
         except Exception as exc:
             logger.warning("final judge-queue commit failed: %r", exc)
-        for client in (self.probe, self.consumer):
+        for client in (self.probe, self.retry_consumer, self.consumer):
             try:
                 if isinstance(client, HighwaterProbe):
                     client.close()

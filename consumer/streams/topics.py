@@ -93,14 +93,21 @@ class InternalTopics:
         """Completed conversations waiting for the judges (and feedback for them), keyed by conversation id."""
         return f"{self.group_id}-judge-queue"
 
+    @property
+    def judge_retry(self) -> str:
+        """Jobs waiting for another judge attempt (a not-before time each), keyed by conversation id; forwarded to
+        the judge queue when due. Its retention must exceed --judge-retry-horizon (the cluster's default, 7 days)."""
+        return f"{self.group_id}-judge-retry"
+
     def all(self) -> list[str]:
-        return [self.repartition, self.changelog, self.judge_queue]
+        return [self.repartition, self.changelog, self.judge_queue, self.judge_retry]
 
     def specs(self, partitions: int) -> list[TopicSpec]:
         return [
             TopicSpec(self.repartition, partitions),
             TopicSpec(self.changelog, partitions, COMPACT),
             TopicSpec(self.judge_queue, partitions),
+            TopicSpec(self.judge_retry, partitions),
         ]
 
 

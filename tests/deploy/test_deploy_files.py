@@ -36,6 +36,7 @@ PROMQL_FUNCTIONS = {
     "or",
     "on",
     "offset",
+    "deriv",
     "le",
     "without",
     "max",

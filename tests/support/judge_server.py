@@ -91,6 +91,10 @@ class JudgeServer:
         self.flex_refused = 0
         self.batch = BatchAPI(self._answer_line)
         self.default = default or verdict("not_applicable")
+        # Failing on command (`fail`, `recover`): while set, every judgement request gets this answer and is recorded
+        # in `refused` (with its time), not in `requests`: an outage, a revoked key.
+        self.failing: Reply | None = None
+        self.refused: list[tuple[float, dict[str, Any]]] = []
         self.queue: list[Reply] = []
         self.requests: list[dict[str, Any]] = []
         self.request_times: list[float] = []
@@ -192,6 +196,15 @@ class JudgeServer:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
+    def fail(self, reply: Reply) -> None:
+        """From now on every judgement request is answered `reply` (e.g. `Reply(status=503)`), until `recover()`."""
+        with self._lock:
+            self.failing = reply
+
+    def recover(self) -> None:
+        with self._lock:
+            self.failing = None
+
     def enqueue(self, *replies: Reply) -> None:
         with self._lock:
             self.queue.extend(replies)
@@ -273,6 +286,9 @@ class JudgeServer:
 
     def _next(self, body: dict[str, Any]) -> Reply:
         with self._lock:
+            if self.failing is not None:
+                self.refused.append((time.time(), body))
+                return self.failing
             self.requests.append(body)
             self.request_times.append(time.time())
             if self.queue:

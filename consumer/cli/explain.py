@@ -1,0 +1,320 @@
+"""`tracejudge explain CONVERSATION_ID`: one conversation's story, told from what Kafka holds.
+
+The changelog (`<group>-conversations-changelog`, the conversation's state partition) while the conversation is
+retained: every state record is a moment of its life (its turns as they were seen, its completion and why, the
+snapshots sent to the judges and the outcome each got back). The results topic after, and for the judgements: each
+metric's record per attempt (retrying until T, then judged, failed with its reason, empty, sampled out with the rate
+and sample point, skipped for budget), with the verdict, reason, evidence, model, rubric version, result id and delay.
+
+Both are read whole from the beginning (no group, no commit): a scan, meant for a question about one conversation,
+not for a dashboard. Exit 0 with the story, 1 for an id Kafka knows nothing of, 2 for a usage error, 69 when the
+brokers do not answer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+EXIT_OK, EXIT_UNKNOWN, EXIT_USAGE = 0, 1, 2
+EXPLAIN_OPTIONS = frozenset(
+    {"bootstrap_servers", "group_id", "results_topic", "kafka_config", "log_level", "log_format"}
+)
+_COMPLETIONS = {
+    "end_marker": "the application ended it (an end marker)",
+    "idle_timeout": "no turn for --session-idle-timeout",
+    "turn_cap": "it reached --max-turns-per-conversation (the rest goes on in a window of its own)",
+    "memory": "the memory bound (--max-open-conversations / --max-state-bytes) completed it early",
+    "negative_feedback": "negative feedback asked for it to be judged (again)",
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("conversation_id", metavar="CONVERSATION_ID", help="the conversation (session) id")
+    parser.add_argument("--json", action="store_true", help="the story as one JSON object, for scripts")
+
+
+def _iso_ms(ms: int | float | None) -> str | None:
+    if not ms:
+        return None
+    return datetime.fromtimestamp(ms / 1000.0, tz=UTC).isoformat(timespec="milliseconds")
+
+
+def _iso_ns(ns: int | None) -> str | None:
+    return _iso_ms(ns / 1e6) if isinstance(ns, int) and ns > 0 else None
+
+
+def read_topic(consumer: Any, topic: str, partitions: list[int] | None, key: bytes) -> list[Any]:
+    """The records of `topic` (those `partitions`, or all) keyed `key`, up to each partition's high watermark."""
+    from kafka import TopicPartition
+
+    known = consumer.partitions_for_topic(topic)
+    if not known:
+        return []
+    assigned = [TopicPartition(topic, p) for p in sorted(known) if partitions is None or p in partitions]
+    consumer.assign(assigned)
+    consumer.seek_to_beginning(*assigned)
+    found: list[Any] = []
+    deadline = time.monotonic() + 60
+    quiet = 0
+    while time.monotonic() < deadline:
+        batches = consumer.poll(timeout_ms=300)
+        quiet = 0 if batches else quiet + 1
+        for batch in batches.values():
+            found.extend(r for r in batch if r.key == key)
+        ends = {tp: consumer.highwater(tp) for tp in assigned}
+        if all(end is not None and consumer.position(tp) >= end for tp, end in ends.items()):
+            break
+        if quiet >= 10 and all(end in (None, 0) for end in ends.values()):
+            break  # empty partitions: no fetch ever tells a high watermark above 0
+    return found
+
+
+def read_story(settings: Any, conversation_id: str) -> tuple[list[Any], list[dict[str, Any]]]:
+    """The conversation's changelog records and its results-topic records (KafkaUnreachable: StartupError)."""
+    from kafka import KafkaConsumer
+
+    from ..service import reaching_kafka
+    from ..streams.partitioner import state_partition
+    from ..streams.topics import InternalTopics
+
+    config = {"enable_auto_commit": False, **settings.consumer_config()}
+    with reaching_kafka(settings.bootstrap_servers, config):
+        consumer = KafkaConsumer(bootstrap_servers=settings.bootstrap_servers, **config)
+    key = conversation_id.encode("utf-8", "surrogatepass")
+    try:
+        changelog = InternalTopics(settings.group_id).changelog
+        count = len(consumer.partitions_for_topic(changelog) or ())
+        states = read_topic(consumer, changelog, [state_partition(conversation_id, count)], key) if count else []
+        results: list[dict[str, Any]] = []
+        if settings.results_topic:
+            for record in read_topic(consumer, settings.results_topic, None, key):
+                try:
+                    value = json.loads(record.value)
+                except (TypeError, ValueError):
+                    continue
+                if isinstance(value, dict) and not value.get("shadow"):
+                    results.append(value)
+    finally:
+        consumer.close()
+    return states, results
+
+
+def build_story(conversation_id: str, states: list[Any], results: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The story as a dict; None when Kafka holds nothing of the conversation."""
+    from ..sampling import sample_point
+
+    if not states and not results:
+        return None
+    turns_seen: dict[str, dict[str, Any]] = {}
+    history: list[dict[str, Any]] = []
+    latest: dict[str, Any] | None = None
+    forgotten_at: str | None = None
+    last_status: tuple[Any, ...] | None = None
+    for record in states:
+        if record.value is None:
+            forgotten_at = _iso_ms(record.timestamp)
+            continue
+        try:
+            state = json.loads(record.value.decode("utf-8", "surrogatepass"))
+        except (UnicodeDecodeError, ValueError):
+            continue
+        latest = state
+        for turn in state.get("turns") or []:
+            span = str(turn.get("span_id"))
+            if span not in turns_seen:
+                turns_seen[span] = {
+                    "span_id": span,
+                    "trace_id": turn.get("trace_id"),
+                    "started_at": _iso_ns(turn.get("start_ns")),
+                    "ended_at": _iso_ns(turn.get("end_ns")),
+                    "seen_at": _iso_ms(record.timestamp),
+                    "input": (turn.get("input") or "")[:120],
+                    "_order": (turn.get("start_ns") or 0, turn.get("index") or 0),
+                }
+        status = (state.get("status"), state.get("completed_by"), tuple(state.get("dispatched") or {}))
+        if status != last_status:
+            history.append(
+                {
+                    "at": _iso_ms(record.timestamp),
+                    "status": state.get("status"),
+                    "completed_by": state.get("completed_by"),
+                    "completed_at": _iso_ms(state.get("completed_ms")),
+                    "snapshots": dict(state.get("dispatched") or {}),
+                }
+            )
+            last_status = status
+    first = results[0] if results else {}
+    snapshots: dict[str, dict[str, Any]] = {}  # content id → its judgement records, in the order written
+    for record in results:
+        entry = snapshots.setdefault(
+            str(record.get("content_id")),
+            {
+                "content_id": record.get("content_id"),
+                "version": record.get("version"),
+                "completed_by": record.get("completed_by"),
+                "completed_at": record.get("completed_at"),
+                "metrics": {},
+            },
+        )
+        entry["metrics"].setdefault(str(record.get("metric")), []).append(_attempt(record))
+    for content, outcome in ((latest or {}).get("dispatched") or {}).items():
+        entry = snapshots.setdefault(
+            content, {"content_id": content, "version": None, "completed_by": None, "completed_at": None}
+        )
+        entry.setdefault("metrics", {})
+        entry["owner_outcome"] = outcome
+    judgements = list(snapshots.values())
+    for entry in judgements:
+        entry["final"] = {metric: attempts[-1]["outcome"] for metric, attempts in entry["metrics"].items()}
+        entry["why_none"] = None if entry["metrics"] else _why_none(entry.get("owner_outcome"))
+    point = sample_point(conversation_id)
+    sampled = next((r for r in results if r.get("outcome") == "sampled_out"), None)
+    story = {
+        "conversation_id": conversation_id,
+        "agent": (latest or {}).get("agent") or first.get("agent"),
+        "source": "changelog" if latest is not None else "results topic",
+        "status": (latest or {}).get("status") or ("forgotten" if forgotten_at else "completed"),
+        "forgotten_at": forgotten_at,
+        "turns": [
+            {k: v for k, v in turn.items() if k != "_order"}
+            for turn in sorted(turns_seen.values(), key=lambda t: t["_order"])
+        ],
+        "trace_ids": sorted(
+            {t["trace_id"] for t in turns_seen.values() if t["trace_id"]} | set(first.get("trace_ids") or [])
+        ),
+        "completed_by": (latest or {}).get("completed_by") or first.get("completed_by"),
+        "completed_at": _iso_ms((latest or {}).get("completed_ms")) or first.get("completed_at"),
+        "history": history,
+        "sampling": {
+            "sample_point": round(point, 6),
+            "sampled_in": sampled is None,
+            "rate": None if sampled is None else sampled.get("sample_rate"),
+        },
+        "judgements": judgements,
+        "continued": len(judgements) > 1,
+    }
+    return story
+
+
+def _attempt(record: dict[str, Any]) -> dict[str, Any]:
+    keys = (
+        "outcome",
+        "verdict",
+        "score",
+        "passed",
+        "reason",
+        "evidence",
+        "model",
+        "rubric_version",
+        "result_id",
+        "delay_s",
+        "judged_at",
+        "error_kind",
+        "error",
+        "attempt",
+        "retry_reason",
+        "retry_until",
+        "next_attempt_at",
+        "sample_rate",
+        "sample_point",
+        "trace_id",
+    )
+    return {key: record.get(key) for key in keys if record.get(key) not in (None, [], "")}
+
+
+def _why_none(outcome: str | None) -> str:
+    if outcome is None:
+        return "sent to the judges; no outcome yet (waiting in the judge queue or being judged)"
+    if outcome == "retrying":
+        return "its judgement failed for a reason that can pass: waiting in the retry topic for its next attempt"
+    return (
+        f"its owner recorded {outcome!r} but the results topic holds no record of it (no --results-topic given, "
+        "the consumer ran without one, or --no-results-unjudged)"
+    )
+
+
+def print_story(story: dict[str, Any], out: Any) -> None:
+    w = out.write
+    w(f"conversation {story['conversation_id']}  agent {story['agent']}  ")
+    w(f"({story['status']}; from the {story['source']})\n")
+    if story["trace_ids"]:
+        w(f"traces: {', '.join(story['trace_ids'])}\n")
+    if story["turns"]:
+        w(f"turns seen: {len(story['turns'])}\n")
+        for turn in story["turns"]:
+            w(f"  {turn['started_at']}  seen {turn['seen_at']}  trace {turn['trace_id']}  {turn['input']!r}\n")
+    else:
+        w("turns: no longer in the changelog (past retention); the results below remain\n")
+    if story["completed_by"]:
+        why = _COMPLETIONS.get(story["completed_by"], story["completed_by"])
+        w(f"completed at {story['completed_at']}: {story['completed_by']} ({why})\n")
+    elif story["status"] == "open":
+        w("not complete yet: it waits for an end marker, --session-idle-timeout of silence or the turn cap\n")
+    sampling = story["sampling"]
+    if sampling["sampled_in"]:
+        w(f"sampling: sampled in (sample point {sampling['sample_point']})\n")
+    else:
+        w(f"sampling: sampled out (sample point {sampling['sample_point']} >= rate {sampling['rate']})\n")
+    for i, entry in enumerate(story["judgements"]):
+        label = "continuation" if i else "snapshot"
+        w(f"{label} {i + 1}: version {entry['version']}, content {entry['content_id']}\n")
+        if entry["why_none"]:
+            w(f"  no judgement: {entry['why_none']}\n")
+        for metric, attempts in entry["metrics"].items():
+            for attempt in attempts:
+                w(f"  {metric}: {_line(attempt)}\n")
+    if story["forgotten_at"]:
+        w(f"forgotten by its owner at {story['forgotten_at']} (retention)\n")
+
+
+def _line(attempt: dict[str, Any]) -> str:
+    outcome = attempt.get("outcome")
+    if outcome == "retrying":
+        return (
+            f"attempt {attempt.get('attempt')} failed ({attempt.get('retry_reason')}), retrying: next attempt at "
+            f"{attempt.get('next_attempt_at')}, until {attempt.get('retry_until')}"
+        )
+    if outcome == "judged":
+        return (
+            f"judged {attempt.get('verdict')} (score {attempt.get('score')}) by {attempt.get('model')} "
+            f"{attempt.get('rubric_version')}, {attempt.get('delay_s')}s after completion; result "
+            f"{attempt.get('result_id')}; reason: {attempt.get('reason')}; evidence: {attempt.get('evidence') or []}"
+        )
+    if outcome == "sampled_out":
+        return f"sampled out (rate {attempt.get('sample_rate')}, sample point {attempt.get('sample_point')})"
+    if outcome == "skipped_budget":
+        return "skipped: --max-cost-per-hour was spent"
+    tries = f" after {attempt['attempt']} attempts" if attempt.get("attempt") else ""
+    return f"{outcome} ({attempt.get('error_kind')}){tries}: {attempt.get('error')}"
+
+
+def run_explain(namespace: argparse.Namespace) -> int:
+    from .._logging import configure_logging
+    from ..service import StartupError
+    from .options import settings_from_args
+
+    settings = settings_from_args(namespace)
+    configure_logging(settings.log_level, settings.log_format)
+    conversation_id = namespace.conversation_id
+    try:
+        states, results = read_story(settings, conversation_id)
+    except StartupError as exc:
+        print(f"tracejudge explain: {exc}", file=sys.stderr)
+        return exc.exit_code
+    story = build_story(conversation_id, states, results)
+    if story is None:
+        where = f"the changelog of group {settings.group_id!r}"
+        if settings.results_topic:
+            where += f" or the results topic {settings.results_topic!r}"
+        print(f"tracejudge explain: no conversation {conversation_id!r} in {where}", file=sys.stderr)
+        return EXIT_UNKNOWN
+    if namespace.json:
+        print(json.dumps(story, ensure_ascii=False, indent=2))
+    else:
+        print_story(story, sys.stdout)
+    return EXIT_OK
