@@ -74,7 +74,7 @@ class Delivery:
             except Exception:
                 logger.exception("deciding a retry failed for conversation %s", judgement.job.conversation_id)
         self.judgements += 1
-        if self.feedback is not None:
+        if self.feedback is not None and judgement.outcome != OUTCOME_RETRYING:  # joined at its final outcome
             try:  # whatever happens here, the judgement is queued: one never queued would hold its offset forever
                 self.feedback.verdicts(judgement)
             except Exception:
@@ -82,7 +82,10 @@ class Delivery:
         deliveries = self._emit(judgement)
         if judgement.outcome == OUTCOME_RETRYING:
             assert self.reschedule is not None
-            deliveries.append(self.reschedule(judgement))  # its offset waits until the retry record is durable
+            try:
+                deliveries.append(self.reschedule(judgement))  # its offset waits until the retry record is durable
+            except Exception:  # a retry that cannot be written must not hold the partition's commits for good
+                logger.exception("scheduling a retry failed for conversation %s", judgement.job.conversation_id)
         self._done.put((judgement, deliveries))
 
     def not_judged(self, judgement: Judgement) -> None:

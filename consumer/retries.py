@@ -61,7 +61,8 @@ class RetryPolicy:
         self._final_log = RateLimitedLog(logger, interval_s=10.0)  # past the horizon: failed
 
     def wait(self, attempt: int) -> float:
-        ceiling = max(0.1, min(max(self.backoff_s, MAX_BACKOFF_S), self.backoff_s * 2 ** max(0, attempt - 1)))
+        doubled = self.backoff_s * 2 ** min(30, max(0, attempt - 1))  # capped exponent: no overflow on long horizons
+        ceiling = max(0.1, min(max(self.backoff_s, MAX_BACKOFF_S), doubled))
         return random.uniform(ceiling / 2, ceiling)
 
     def review(self, judgement: Judgement, now: float | None = None) -> Judgement:

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from tracejudge._shared.kafka_options import check_kafka_options
@@ -107,6 +108,9 @@ def _coerce(value: str) -> Any:
         return int(value)
     except ValueError:
         return value
+
+
+MAX_RETRY_HORIZON_S = 7 * 86_400.0
 
 
 class Settings(BaseSettings):
@@ -594,10 +598,14 @@ class Settings(BaseSettings):
 
     @field_validator("judge_retry_horizon", "judge_retry_backoff", mode="before")
     @classmethod
-    def _retry_durations(cls, value: Any) -> float:
+    def _retry_durations(cls, value: Any, info: ValidationInfo) -> float:
         seconds = parse_duration(value)
-        if seconds < 0:
-            raise ValueError(f"must not be negative, got {value!r}")
+        if not math.isfinite(seconds) or seconds < 0:
+            raise ValueError(f"must be a finite duration, not negative, got {value!r}")
+        if info.field_name == "judge_retry_horizon" and seconds > MAX_RETRY_HORIZON_S:
+            raise ValueError(f"at most 7 days (the retry topic's default retention), got {value!r}")
+        if info.field_name == "judge_retry_backoff" and seconds < 1.0:
+            raise ValueError(f"at least 1 s (a smaller wait retries a failing provider in a loop), got {value!r}")
         return seconds
 
     @field_validator("canary_interval", mode="before")

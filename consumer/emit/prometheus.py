@@ -404,6 +404,8 @@ class ConsumerInstruments:
             if result.error is not None or result.score is None or result.verdict is None:
                 self.judge_errors.labels(metric=result.name, reason=result.error_kind or "unknown").inc()
                 continue
+            if judgement.outcome == OUTCOME_RETRYING:  # the retry judges it again: counted then, once
+                continue
             exemplar = trace_exemplar(judgement.job.last_exchange.trace_id, judgement.job.last_exchange.span_id)
             self.verdicts.labels(agent=agent, metric=result.name, verdict=result.verdict).inc(exemplar=exemplar)
             self.score.labels(agent=agent, metric=result.name).observe(result.score, exemplar=exemplar)

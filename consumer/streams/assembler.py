@@ -65,6 +65,9 @@ FETCH_WAIT_MS = 1_000  # a fetch in flight when a high watermark is dropped was 
 
 ROUTED_RECORD_BYTES = 512 * 1024
 PRODUCER_BATCH_BYTES = 256 * 1024
+# A checkpointed store older than this is not trusted (the changelog keeps tombstones a day by default:
+# delete.retention.ms), so a conversation forgotten meanwhile cannot come back from the store.
+STORE_TRUST_S = 86_400.0
 RESTORE_RECORDS = 10_000  # records a poll of the changelog may return: restoration reads in bulk
 RESTORE_FETCH_BYTES = 8 * 1024 * 1024  # per partition and fetch (kafka-python's default is 1 MiB)
 
@@ -382,6 +385,17 @@ class Assembler(AsyncConsumerRebalanceListener):
             self._store_failed(exc, partition)
         task = Task(partition, self._table(store), store=store)
         checkpoint = self.state_dir.read_checkpoint(partition) if store is not None else None
+        if store is not None and checkpoint is not None and self._stale(partition):
+            # Older than the changelog keeps tombstones (delete.retention.ms, a day by default) or than the state
+            # retention: a conversation forgotten meanwhile may have no tombstone left to replay over the store.
+            logger.info("local store of partition %d is older than its checkpoint may be trusted: restoring", partition)
+            self.state_dir.clear_checkpoint(partition)
+            checkpoint = None
+        if store is not None and checkpoint is None:
+            try:  # a store without a (fresh) checkpoint may hold anything: the changelog restores it from the start
+                store.wipe()
+            except StoreError as exc:
+                self._store_failed(exc, partition)
         if checkpoint is not None:
             task.changelog_position = task.checkpointed = int(checkpoint["changelog"])
             positions = checkpoint.get("positions") or {}
@@ -389,6 +403,10 @@ class Assembler(AsyncConsumerRebalanceListener):
             task.watermark_ms = int(positions.get("watermark") or 0)
             task.sources = {int(k): int(v) for k, v in (positions.get("sources") or {}).items()}
         return task
+
+    def _stale(self, partition: int) -> bool:
+        age = self.state_dir.checkpoint_age_s(partition)
+        return age is not None and age > min(self.settings.state_retention, STORE_TRUST_S)
 
     def _close_task(self, task: Task) -> None:
         task.table.close()
@@ -489,12 +507,26 @@ class Assembler(AsyncConsumerRebalanceListener):
         """Every conversation of the store into the table: in memory while the process is within its bounds."""
         assert task.store is not None
         settings = self.settings
+        # In activity order (RocksDB iterates by id): the table's idle scan, retention and spilling read it as the
+        # least recently active first. One pass keeps only ids and times; the second reads each state again.
+        order: list[tuple[int, str]] = []
         for cid, value in task.store.items():
             try:
                 state = store_decode(value)
             except Exception as exc:  # an unreadable state costs that conversation, never the partition
                 logger.warning("unreadable stored state of conversation %r: %r", cid, exc)
                 continue
+            order.append(((state.completed_ms or state.last_ms) if state.status != OPEN else state.last_ms, cid))
+        order.sort()
+        for _, cid in order:
+            try:
+                found = task.store.get(cid)
+            except Exception as exc:
+                logger.warning("unreadable stored state of conversation %r: %r", cid, exc)
+                continue
+            if found is None:
+                continue
+            state = found
             resident = not self.memory.over and (
                 state.status != OPEN or self._resident_open() < settings.max_open_conversations
             )

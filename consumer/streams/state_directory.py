@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import re
+import time
 from pathlib import Path
 from typing import IO, Any
 
@@ -80,6 +81,13 @@ class StateDirectory:
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(temporary, path)
+
+    def checkpoint_age_s(self, partition: int) -> float | None:
+        """Seconds since the partition's checkpoint was written, or None without one."""
+        try:
+            return max(0.0, time.time() - (self.partition_dir(partition) / CHECKPOINT).stat().st_mtime)
+        except OSError:
+            return None
 
     def clear_checkpoint(self, partition: int) -> None:
         try:

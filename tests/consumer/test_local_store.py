@@ -12,7 +12,7 @@ import pytest
 
 from tracejudge.consumer.adapters import ConversationEvent, Turn
 from tracejudge.consumer.conversation.store import LocalStore, StoreError, decode, encode
-from tracejudge.consumer.streams.state_directory import StateDirectory
+from tracejudge.consumer.streams.state_directory import CHECKPOINT, StateDirectory
 
 from .test_review_state import assembler
 
@@ -124,3 +124,31 @@ def test_a_disk_without_room_raises_a_store_error_said_as_disk_full() -> None:
     assert _reason(Exception("Corruption: bad block")) == "io"
     with pytest.raises(StoreError):
         raise StoreError("x", "io")
+
+
+def test_a_store_without_a_fresh_checkpoint_is_wiped_not_trusted(tmp_path: Path) -> None:
+    """A store whose checkpoint is missing, or older than the changelog keeps tombstones, may hold a conversation
+    forgotten meanwhile (its tombstone compacted away): it is wiped and the changelog restores from the start, so an
+    open conversation never comes back to be judged again on part of its turns (review of issue 32)."""
+    import os
+    import time
+
+    asm = assembler(state_dir=str(tmp_path))
+    task = asm._new_task(0)
+    assert task.store is not None
+    task.store.write([("ghost", b"x")])
+    task.store.close()
+    fresh = asm._new_task(0)  # no checkpoint was ever written: nothing in the store is trusted
+    assert fresh.store is not None and list(fresh.store.items()) == []
+    fresh.store.write([("kept", b"y")])
+    asm.state_dir.write_checkpoint(0, 7, {})
+    fresh.store.close()
+    trusted = asm._new_task(0)  # a fresh checkpoint: the store is used and only the tail is read
+    assert trusted.store is not None and [cid for cid, _ in trusted.store.items()] == ["kept"]
+    assert trusted.changelog_position == 7
+    trusted.store.close()
+    old = time.time() - 2 * 86_400
+    os.utime(asm.state_dir.partition_dir(0) / CHECKPOINT, (old, old))
+    stale = asm._new_task(0)  # older than a day: wiped, restored from the changelog's start
+    assert stale.store is not None and list(stale.store.items()) == []
+    assert stale.changelog_position == 0

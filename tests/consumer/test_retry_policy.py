@@ -122,3 +122,37 @@ def test_every_metric_gets_an_outcome_record_unless_unjudged_outcomes_are_off() 
     empty = failed("empty_conversation")
     ResultsTopic(quiet, ["m0"], unjudged=False).emit(empty)  # type: ignore[arg-type]
     assert [r["outcome"] for r in quiet.values] == ["empty"]
+
+
+def test_a_horizon_must_be_finite_and_the_backoff_a_second_at_least() -> None:
+    """`--judge-retry-horizon inf` would raise when the retry record is written and hold the partition's commits;
+    a backoff below a second retries a failing provider in a loop (review of issue 33)."""
+    import pytest
+    from pydantic import ValidationError
+
+    from tracejudge.consumer.settings import Settings
+
+    for bad in ({"judge_retry_horizon": "inf"}, {"judge_retry_horizon": "30d"}, {"judge_retry_backoff": "0"}):
+        with pytest.raises(ValidationError):
+            Settings(**bad)
+    assert Settings(judge_retry_horizon="7d", judge_retry_backoff="1s").judge_retry_horizon == 7 * 86_400
+    policy = RetryPolicy(horizon_s=7 * 86_400, backoff_s=1.0)
+    assert 0 < policy.wait(5_000) <= 600  # a long horizon's attempt count never overflows the backoff
+
+
+def test_the_metric_that_answered_in_a_retrying_judgement_is_counted_once_at_its_final_outcome() -> None:
+    """One judge answered, the other got a 503: the conversation waits for a retry that judges both again, so the
+    answer is not a verdict yet (no verdict, score or rate window twice); its spend and the error are counted now."""
+    registry = CollectorRegistry()
+    instruments = ConsumerInstruments(registry)
+    judgement = failed("server_error")
+    answered = MetricResult(name="m1", threshold=0.5, model="m", score=1.0, verdict="fully", cost_usd=0.01)
+    judgement.results.append(answered)
+    judgement.outcome = "retrying"
+    instruments.record_judgement(judgement)
+    get = registry.get_sample_value
+    assert get("tracejudge_verdicts_total", {"agent": "a", "metric": "m1", "verdict": "fully"}) in (None, 0.0)
+    assert get("tracejudge_judge_errors_total", {"metric": "m0", "reason": "server_error"}) == 1
+    judgement.outcome = "judged"
+    instruments.record_judgement(judgement)
+    assert get("tracejudge_verdicts_total", {"agent": "a", "metric": "m1", "verdict": "fully"}) == 1
