@@ -107,6 +107,7 @@ def read_story(settings: Any, conversation_id: str) -> tuple[list[Any], list[dic
 def build_story(conversation_id: str, states: list[Any], results: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The story as a dict; None when Kafka holds nothing of the conversation."""
     from ..sampling import sample_point
+    from ..streams import records as R
 
     if not states and not results:
         return None
@@ -119,9 +120,9 @@ def build_story(conversation_id: str, states: list[Any], results: list[dict[str,
         if record.value is None:
             forgotten_at = _iso_ms(record.timestamp)
             continue
-        try:
-            state = json.loads(record.value.decode("utf-8", "surrogatepass"))
-        except (UnicodeDecodeError, ValueError):
+        try:  # MessagePack or JSON, as the assembler wrote it (`records.encode_state`), read as the JSON shape
+            state = R.decode_state(R.kind_of(record.headers), record.value).to_json()
+        except Exception:  # an unreadable record costs that record, never the story
             continue
         latest = state
         for turn in state.get("turns") or []:
