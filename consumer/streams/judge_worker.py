@@ -191,7 +191,7 @@ class JudgeWorker(AsyncConsumerRebalanceListener):
 
     def _assign_retries(self) -> None:
         """The retry partitions of the judge-queue partitions owned (positions from their committed offsets)."""
-        if self.retry_consumer is not None:
+        if self.retry_consumer is not None and not self.stopping:  # closing: the revocation reassigns nothing
             topic = self.topics.judge_retry
             self.retry_consumer.assign([TopicPartition(topic, p) for p in sorted(self._retry_assigned)])
 
@@ -638,7 +638,9 @@ class JudgeWorker(AsyncConsumerRebalanceListener):
             self.commit()
         except Exception as exc:
             logger.warning("final judge-queue commit failed: %r", exc)
-        for client in (self.probe, self.retry_consumer, self.consumer):
+        # The group consumer first: its revocation on close still commits the retry offsets through the retry
+        # consumer, which closes after it.
+        for client in (self.probe, self.consumer, self.retry_consumer):
             try:
                 if isinstance(client, HighwaterProbe):
                     client.close()
