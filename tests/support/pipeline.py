@@ -41,6 +41,9 @@ def consumer_settings(bootstrap: str, topic: str, **overrides: Any) -> Settings:
         "commit_interval": 0.5,
         "kafka_config": {"session_timeout_ms": 6000, "heartbeat_interval_ms": 1000},
         "shutdown_grace": 10.0,
+        # A failure that can pass fails at once here, as before the durable retries (issue 33), so these tests see
+        # the outcome they count; tests/reliability/test_judge_retries.py proves the retries with real processes.
+        "judge_retry_horizon": 0.0,
     }
     options.update(overrides)
     return Settings.from_options(**options)
