@@ -21,9 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from ..gold import LABELS
+from .compare import COMPARE_OPTIONS
 
 EXIT_OK, EXIT_USAGE = 0, 2
-EXPORT_OPTIONS = frozenset({"bootstrap_servers", "results_topic", "kafka_config", "log_level", "log_format"})
+EXPORT_OPTIONS = COMPARE_OPTIONS  # the same reader of the results topic: where it is and how to log
 
 
 class ExportError(ValueError):
