@@ -18,6 +18,7 @@ Then, bottom-up:
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import replace
 
@@ -106,14 +107,19 @@ def _side(outer: str | None, outer_body: bool, inner: str | None, inner_body: bo
 
 def _wraps(text: str, words: str) -> bool:
     """`text` puts something before `words` (a template's header), so `words` is not a clipped copy of it."""
-    return bool(words.strip()) and words in text and not text.startswith(words)
+    if not words.strip() or text.startswith(words):
+        return False
+    return re.search(r"(?<!\w)" + re.escape(words) + r"(?!\w)", text) is not None
 
 
 def _steps_of(node: Turn, spoken: list[Turn]) -> bool:
     """Whether exchanges below a span are the steps of its one exchange (an agent loop's calls: each asks the span's
     own question, whatever template wraps it), not several exchanges of their own (a conversation in one trace)."""
     question = node.input
-    return question is not None and all(t.input is None or question in t.input for t in spoken)
+    if question is None:
+        return False
+    asked = re.compile(r"(?<!\w)" + re.escape(question) + r"(?!\w)")  # the whole question, not a word's piece of it
+    return all(t.input is None or asked.search(t.input) is not None for t in spoken)
 
 
 def _merge(outer: Turn, inner: Turn) -> Turn:

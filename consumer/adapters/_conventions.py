@@ -20,6 +20,8 @@ from ._kinds import STEP_OPERATIONS
 _GENAI_CALLS = frozenset({"chat", "text_completion", "generate_content", "invoke_agent"})
 _GENAI_MARKERS = ("gen_ai.system", "gen_ai.provider.name", "gen_ai.request.model")
 _MODEL_MARKER = "gen_ai.request.model"
+# Model operations without a conversation's text (OpenLIT's and Spring AI's names among them): never a text-less turn.
+_NOT_TEXT_CALLS = frozenset({"embedding", "embeddings", "image", "audio", "speech", "transcription", "moderation"})
 _AGENTO11Y_MARKERS = ("agento11y.sdk.name", "agento11y.generation.id")
 _OPENINFERENCE_CALLS = frozenset({"LLM", "AGENT"})
 _OPENLLMETRY_CALLS = frozenset({"chat", "completion"})
@@ -121,6 +123,7 @@ def model_call(span: DecodedSpan) -> Convention | None:
     # convention says what the span is (OpenLLMetry's `execute_task` chains name their provider, never a model).
     if (
         operation not in STEP_OPERATIONS
+        and operation not in _NOT_TEXT_CALLS
         and _MODEL_MARKER in attributes
         and "traceloop.span.kind" not in attributes
         and "openinference.span.kind" not in attributes

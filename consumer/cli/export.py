@@ -98,7 +98,7 @@ def _matches(record: dict[str, Any], selection: Selection) -> bool:
         return False
     if record.get("shadow") and not selection.include_shadow:
         return False
-    if selection.verdicts is not None and record["verdict"] not in selection.verdicts:
+    if selection.verdicts is not None and str(record.get("verdict")) not in selection.verdicts:
         return False
     if selection.metrics and record.get("metric") not in selection.metrics:
         return False

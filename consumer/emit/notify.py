@@ -441,7 +441,7 @@ class Notifier:
         except urllib.error.HTTPError as exc:
             retryable = exc.code in (408, 425, 429) or exc.code >= 500
             return f"HTTP {exc.code}", retryable
-        except (urllib.error.URLError, OSError, ValueError) as exc:
+        except Exception as exc:  # URLError, OSError, and http.client's own (BadStatusLine, IncompleteRead, ...)
             return f"{type(exc).__name__}: {getattr(exc, 'reason', exc)}", True
 
     def _finish(self, post: _Post, outcome: str) -> None:

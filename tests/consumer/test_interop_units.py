@@ -315,3 +315,10 @@ def test_content_less_calls_below_an_agent_with_text_keep_its_exchange() -> None
     calls = [turn("c1", "a", 10, 20, None, None), turn("c2", "a", 30, 40, None, None)]
     (one,) = exchanges([agent, *calls])
     assert (one.input, one.output) == ("Refund window?", "30 days.")
+
+
+def test_a_short_question_inside_a_later_word_is_not_a_step_of_it() -> None:
+    """A span with text "hi" around two calls, "hi" and "what is this?": two exchanges, not one ("hi" is in "this")."""
+    session = Turn("s", "t", "", 0, 100, "hi", None, input_from_body=True)
+    asked = [turn("c1", "s", 10, 20, "hi", "hello"), turn("c2", "s", 30, 40, "what is this?", "a shop")]
+    assert [(t.input, t.output) for t in exchanges([session, *asked])] == [("hi", "hello"), ("what is this?", "a shop")]
