@@ -16,6 +16,15 @@ rejoins under the orphaned leader's id, which Tansu accepts as a new member that
 and the group forms. On Kafka the leader named by a JoinGroup is a member unless it left between that JoinGroup and
 the SyncGroup; the takeover is then refused (UNKNOWN_MEMBER_ID) and the consumer joins afresh within the rebalance
 that leaving started: one more JoinGroup, never a session timeout.
+
+kafka-python (3.0.12, and its main branch) drops a join that finished while no `poll()` waited for it: its
+`join_group_async` starts a new JoinGroup whenever the join task it scheduled `is_done`, so the assignment that join
+got is never applied and the group rebalances again. A consumer whose thread does other work between short polls (the
+judge worker: 100 ms polls between probes, retries and commits) loses most of its joins that way, on any broker. On
+Tansu, whose coordinator holds each JoinGroup for half the session timeout, every loss costs that again; a leader
+that loses its SyncGroup answer keeps claiming the partitions it was told to give up, so the cooperative round never
+ends and the newcomer waits minutes for its partitions. `CompletedJoinKeeper` keeps a finished join's assignment until
+join-complete applies it and hands it to the next attempt, as long as the member's state is still the one it was for.
 """
 
 from __future__ import annotations
@@ -106,12 +115,49 @@ class OrphanedLeaderGuard:
         )
 
 
+class CompletedJoinKeeper:
+    """Installed on one KafkaConsumer's group coordinator (outside the orphaned-leader guard); counts the joins it
+    handed on instead of sending a JoinGroup again (`kept`)."""
+
+    def __init__(self, coordinator: Any) -> None:
+        self._coordinator = coordinator
+        self._finished: tuple[Any, Any] | None = None  # (the generation a finished join was for, its assignment)
+        self.kept = 0
+        self._join_and_sync = coordinator._do_join_and_sync_async
+        self._join_complete = coordinator._on_join_complete_async
+        coordinator._do_join_and_sync_async = self._join_or_hand_on
+        coordinator._on_join_complete_async = self._applied
+
+    async def _join_or_hand_on(self) -> Any:
+        finished, self._finished = self._finished, None
+        coordinator = self._coordinator
+        if (
+            finished is not None
+            and finished[0] == coordinator._generation
+            and coordinator.state is MemberState.REBALANCING
+            and not coordinator.coordinator_unknown()
+        ):
+            self.kept += 1
+            return finished[1]
+        assignment = await self._join_and_sync()
+        self._finished = (coordinator._generation, assignment)
+        return assignment
+
+    async def _applied(self, *args: Any, **kwargs: Any) -> Any:
+        self._finished = None
+        return await self._join_complete(*args, **kwargs)
+
+
 def guard_membership(consumer: Any) -> OrphanedLeaderGuard | None:
-    """Install the guard on a group consumer (None for a consumer without kafka-python's coordinator, e.g. a fake)."""
+    """Install the orphaned-leader guard and the completed-join keeper on a group consumer (None for a consumer
+    without kafka-python's coordinator, e.g. a fake)."""
     coordinator = getattr(consumer, "_coordinator", None)
     if coordinator is None or not hasattr(coordinator, "_do_join_and_sync_async"):
         return None
-    return OrphanedLeaderGuard(coordinator)
+    guard = OrphanedLeaderGuard(coordinator)
+    if hasattr(coordinator, "_on_join_complete_async"):
+        CompletedJoinKeeper(coordinator)
+    return guard
 
 
 def close_leaving(consumer: Any) -> None:

@@ -1,5 +1,7 @@
 """The orphaned-leader guard against Tansu's coordinator, both sides: it recovers the group Tansu wedges (a LeaveGroup
-from the leader of a forming group), and stays out of the way where the leader is still a member."""
+from the leader of a forming group), and stays out of the way where the leader is still a member. The completed-join
+keeper against kafka-python, both sides: a join that finished while nobody polled is dropped and sent again without it,
+applied at the next poll with it."""
 
 from __future__ import annotations
 
@@ -13,7 +15,12 @@ import pytest
 from kafka import KafkaConsumer
 
 from tracejudge.consumer.embedded_broker import EmbeddedBroker
-from tracejudge.consumer.streams.membership import OrphanedLeaderGuard, close_leaving, guard_membership
+from tracejudge.consumer.streams.membership import (
+    CompletedJoinKeeper,
+    OrphanedLeaderGuard,
+    close_leaving,
+    guard_membership,
+)
 
 SESSION_MS = 6000
 
@@ -118,3 +125,59 @@ def test_the_guard_stays_out_of_a_group_whose_leader_is_a_member(group: tuple[Em
 
 def test_a_consumer_without_kafka_pythons_coordinator_is_left_alone() -> None:
     assert guard_membership(object()) is None
+
+
+def join_finished_between_polls(
+    group: tuple[EmbeddedBroker, str, str], kept: bool
+) -> tuple[KafkaConsumer, list[float]]:
+    """A consumer whose join finishes while its thread is busy elsewhere (not in poll), then polls once; the JoinGroup
+    rounds it ran (each answered after Tansu's join window, half the session timeout)."""
+    broker, topic, group_id = group
+    consumer = member(broker, topic, group_id)
+    coordinator = consumer._coordinator
+    rounds: list[float] = []
+    join_and_sync = coordinator._do_join_and_sync_async
+
+    async def counted() -> Any:
+        assignment = await join_and_sync()
+        rounds.append(time.monotonic())
+        return assignment
+
+    coordinator._do_join_and_sync_async = counted
+    if kept:
+        CompletedJoinKeeper(coordinator)
+    deadline = time.monotonic() + 30
+    while not rounds and time.monotonic() < deadline:  # the barrier: one JoinGroup/SyncGroup round finished...
+        consumer.poll(10)
+        task = coordinator._join_task
+        while task is not None and not task.is_done and time.monotonic() < deadline:  # ...while nobody polled
+            time.sleep(0.05)
+    assert rounds, "no join finished"
+    assert consumer.assignment() == set()
+    consumer.poll(100)
+    return consumer, rounds
+
+
+def test_without_the_keeper_kafka_python_drops_a_join_finished_between_polls(
+    group: tuple[EmbeddedBroker, str, str],
+) -> None:
+    """The client bug itself (if kafka-python fixes it, this fails and the keeper can go): the poll after the join
+    finished sends another JoinGroup instead of taking the assignment."""
+    consumer, _ = join_finished_between_polls(group, kept=False)
+    try:
+        assert consumer.assignment() == set()
+        task = consumer._coordinator._join_task
+        assert task is not None and not task.is_done, "no second JoinGroup in flight"
+    finally:
+        consumer.close(autocommit=False)
+
+
+def test_the_keeper_applies_a_join_finished_between_polls_at_the_next_poll(
+    group: tuple[EmbeddedBroker, str, str],
+) -> None:
+    consumer, rounds = join_finished_between_polls(group, kept=True)
+    try:
+        assert len(consumer.assignment()) == 3
+        assert len(rounds) == 1
+    finally:
+        consumer.close(autocommit=False)
