@@ -127,11 +127,11 @@ def check_judge(settings: Settings, *, who: str = "the judge", flag: str = "--ju
     return None
 
 
-def refuse_judge_config(settings: Settings) -> int | None:
-    """The judge models' configuration (no call): EXIT_USAGE after one line when `--judge-model` or
-    `--shadow-judge-model` names a provider LiteLLM does not route, else None. Imports LiteLLM."""
+def refuse_judge_config(settings: Settings, *, shadow: bool = True) -> int | None:
+    """The judge models' configuration (no call): EXIT_USAGE after one line when `--judge-model` (or, with `shadow`,
+    `--shadow-judge-model`) names a provider LiteLLM does not route, else None. Imports LiteLLM."""
     problem = judge_config_error(settings)
-    if problem is None and settings.shadow_judge_model:
+    if problem is None and shadow and settings.shadow_judge_model:
         shadow = judge_model_problem(settings.shadow_judge_model)
         if shadow is not None:
             flag = "--shadow-judge-model / TRACEJUDGE_SHADOW_JUDGE_MODEL"
@@ -142,13 +142,13 @@ def refuse_judge_config(settings: Settings) -> int | None:
     return None
 
 
-def refuse_unanswering_judge(settings: Settings) -> int | None:
-    """The judge check (unless --no-judge-check): EXIT_JUDGE_UNAVAILABLE after one line when the judge, or the shadow
-    judge, cannot answer one cheap call, else None."""
+def refuse_unanswering_judge(settings: Settings, *, shadow: bool = True) -> int | None:
+    """The judge check (unless --no-judge-check): EXIT_JUDGE_UNAVAILABLE after one line when the judge (or, with
+    `shadow`, the shadow judge) cannot answer one cheap call, else None."""
     if not settings.judge_check:
         return None
     problem = check_judge(settings)
-    if problem is None and settings.shadow_judge_model:
+    if problem is None and shadow and settings.shadow_judge_model:
         shadow = settings.model_copy(update={"judge_model": settings.shadow_judge_model})
         problem = check_judge(shadow, who="the shadow judge", flag="--shadow-judge-model")
     if problem is not None:
@@ -159,5 +159,6 @@ def refuse_unanswering_judge(settings: Settings) -> int | None:
 
 def refuse_judge(settings: Settings) -> int | None:
     """`backfill`'s and `calibrate`'s startup step: the configuration, then the call; None to go on, else the exit
-    code after printing one line on stderr."""
-    return refuse_judge_config(settings) or refuse_unanswering_judge(settings)
+    code after printing one line on stderr. The judge they call only: neither runs the shadow judge, so a
+    TRACEJUDGE_SHADOW_JUDGE_MODEL in their environment (set for `consume`) is not theirs to check."""
+    return refuse_judge_config(settings, shadow=False) or refuse_unanswering_judge(settings, shadow=False)

@@ -333,3 +333,35 @@ def test_the_metrics_port_is_configuration_checked_before_the_judge_and_kafka(
     assert judge_server.checks == [] and judge_server.requests == []
     assert not kafka.connected.is_set()
     print(f"\nmetrics port taken: exit 2 after {took:.2f} s: {line}")
+
+
+@pytest.mark.parametrize("shadow", ["judge-b", "foo/bar"], ids=["shadow-cannot-answer", "shadow-unroutable"])
+@pytest.mark.parametrize("command", ["calibrate", "backfill"])
+def test_backfill_and_calibrate_check_only_the_judge_they_call(
+    judge_server: JudgeServer,
+    kafka: KafkaListener,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    command: str,
+    shadow: str,
+) -> None:
+    """Neither runs the shadow judge: a TRACEJUDGE_SHADOW_JUDGE_MODEL set for `consume` (one the server does not
+    serve, or one no provider routes) is neither called nor refused; the primary judge is checked once."""
+    from tracejudge.consumer.service import EXIT_UNAVAILABLE
+
+    monkeypatch.setenv("TRACEJUDGE_SHADOW_JUDGE_MODEL", shadow)
+    judge_server.check_responder = lambda request: (
+        Reply(content="OK") if request["model"] == "gpt-4o-mini" else _error(404, f"no such model: {shadow}")
+    )
+    judge_server.default = verdict("not_applicable")
+    if command == "calibrate":
+        argv = ["calibrate", "--dataset", str(_gold(tmp_path)), "--metrics", "failure_rate", "--judge-retries", "0"]
+        assert main(argv) == 0, capsys.readouterr().err
+        assert len(judge_server.requests) == 1
+    else:
+        argv = ["backfill", "--from", "2026-01-01", "--to", "2026-01-02", "--bootstrap-servers", kafka.bootstrap]
+        argv += ["--results-topic", "results", "--kafka-config", "bootstrap_timeout_ms=1000"]
+        assert main(argv) == EXIT_UNAVAILABLE, capsys.readouterr().err  # past the check, to the silent Kafka
+        assert kafka.connected.is_set()
+    assert [check["model"] for check in judge_server.checks] == ["gpt-4o-mini"]
