@@ -204,6 +204,7 @@ def test_consume_refuses_a_judge_that_cannot_answer_naming_url_cause_and_fix(
     expected = f"tracejudge: the judge 'gpt-4o-mini' cannot answer ({reason}): {cause.format(url=url)}: "
     assert line.startswith(expected), line
     assert fix.format(url=url) in line.removeprefix(expected).split(" (it said: ")[0], line
+    assert len(judge_server.checks) == 1  # each answer came from the server over HTTP (a key was sent)
     assert not kafka.connected.is_set()
 
 
