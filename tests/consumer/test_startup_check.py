@@ -144,8 +144,26 @@ def test_no_judge_check_from_the_environment_goes_on_to_kafka(judge_server: Judg
         (
             Reply(status=401, raw_body=b'{"error": {"message": "Incorrect API key provided"}}'),
             "auth",
-            "{url} refused the API key (HTTP 401)",
-            "check OPENAI_API_KEY",
+            "{url} rejected the API key set in OPENAI_API_KEY (HTTP 401)",
+            "check that OPENAI_API_KEY holds a key this server accepts, with access to 'gpt-4o-mini'",
+        ),
+        (  # a key was sent: the server's words ("credentials", "api key") do not make it a missing key
+            _error(401, "Invalid credentials"),
+            "auth",
+            "{url} rejected the API key set in OPENAI_API_KEY (HTTP 401)",
+            "check that OPENAI_API_KEY holds a key",
+        ),
+        (
+            _error(401, "Missing credentials. Please pass an api_key"),
+            "auth",
+            "{url} rejected the API key set in OPENAI_API_KEY (HTTP 401)",
+            "check that OPENAI_API_KEY holds a key",
+        ),
+        (
+            _error(403, "You do not have access to this model"),
+            "auth",
+            "{url} rejected the API key set in OPENAI_API_KEY (HTTP 403)",
+            "with access to 'gpt-4o-mini'",
         ),
         (
             Reply(status=200, raw_body=b"<html>gateway says hi</html>"),
@@ -160,7 +178,15 @@ def test_no_judge_check_from_the_environment_goes_on_to_kafka(judge_server: Judg
             "see that server's log",
         ),
     ],
-    ids=["model-not-found", "wrong-key", "not-an-api", "server-error"],
+    ids=[
+        "model-not-found",
+        "wrong-key",
+        "wrong-key-invalid-credentials",
+        "wrong-key-missing-credentials",
+        "key-without-access",
+        "not-an-api",
+        "server-error",
+    ],
 )
 def test_consume_refuses_a_judge_that_cannot_answer_naming_url_cause_and_fix(
     judge_server: JudgeServer,
@@ -178,6 +204,7 @@ def test_consume_refuses_a_judge_that_cannot_answer_naming_url_cause_and_fix(
     expected = f"tracejudge: the judge 'gpt-4o-mini' cannot answer ({reason}): {cause.format(url=url)}: "
     assert line.startswith(expected), line
     assert fix.format(url=url) in line.removeprefix(expected).split(" (it said: ")[0], line
+    assert len(judge_server.checks) == 1  # each answer came from the server over HTTP (a key was sent)
     assert not kafka.connected.is_set()
 
 
@@ -210,15 +237,28 @@ def test_no_answer_in_time_names_the_timeout_and_its_flag(
     assert "raise --judge-timeout" in line
 
 
+@pytest.mark.parametrize(("key", "state"), [(None, "is not set"), ("", "is empty")], ids=["unset", "empty"])
 def test_missing_key_is_auth_at_startup(
-    judge_server: JudgeServer, kafka: KafkaListener, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    judge_server: JudgeServer,
+    kafka: KafkaListener,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    key: str | None,
+    state: str,
 ) -> None:
-    """No key is not a server error: LiteLLM refuses before any request (as a 500); the line says which variable."""
-    monkeypatch.delenv("OPENAI_API_KEY")
+    """No key is not a server error: LiteLLM refuses before any request (as a 500); the line says which variable,
+    and that it is unset or empty (a key the server refused is the cases above)."""
+    if key is None:
+        monkeypatch.delenv("OPENAI_API_KEY")
+    else:
+        monkeypatch.setenv("OPENAI_API_KEY", key)
     started = time.monotonic()
     assert main(_consume(kafka)) == EXIT_JUDGE_UNAVAILABLE
     line = _one_line(capsys.readouterr().err)
-    expected = f"cannot answer (auth): no API key for openai/gpt-4o-mini at {judge_server.base_url}: set OPENAI_API_KEY"
+    expected = (
+        f"cannot answer (auth): no API key for openai/gpt-4o-mini at {judge_server.base_url} (OPENAI_API_KEY {state}): "
+        "set OPENAI_API_KEY"
+    )
     assert expected in line, line
     assert "Missing credentials" in line  # LiteLLM's own words, once
     assert time.monotonic() - started < 10  # not retried
@@ -333,3 +373,35 @@ def test_the_metrics_port_is_configuration_checked_before_the_judge_and_kafka(
     assert judge_server.checks == [] and judge_server.requests == []
     assert not kafka.connected.is_set()
     print(f"\nmetrics port taken: exit 2 after {took:.2f} s: {line}")
+
+
+@pytest.mark.parametrize("shadow", ["judge-b", "foo/bar"], ids=["shadow-cannot-answer", "shadow-unroutable"])
+@pytest.mark.parametrize("command", ["calibrate", "backfill"])
+def test_backfill_and_calibrate_check_only_the_judge_they_call(
+    judge_server: JudgeServer,
+    kafka: KafkaListener,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    command: str,
+    shadow: str,
+) -> None:
+    """Neither runs the shadow judge: a TRACEJUDGE_SHADOW_JUDGE_MODEL set for `consume` (one the server does not
+    serve, or one no provider routes) is neither called nor refused; the primary judge is checked once."""
+    from tracejudge.consumer.service import EXIT_UNAVAILABLE
+
+    monkeypatch.setenv("TRACEJUDGE_SHADOW_JUDGE_MODEL", shadow)
+    judge_server.check_responder = lambda request: (
+        Reply(content="OK") if request["model"] == "gpt-4o-mini" else _error(404, f"no such model: {shadow}")
+    )
+    judge_server.default = verdict("not_applicable")
+    if command == "calibrate":
+        argv = ["calibrate", "--dataset", str(_gold(tmp_path)), "--metrics", "failure_rate", "--judge-retries", "0"]
+        assert main(argv) == 0, capsys.readouterr().err
+        assert len(judge_server.requests) == 1
+    else:
+        argv = ["backfill", "--from", "2026-01-01", "--to", "2026-01-02", "--bootstrap-servers", kafka.bootstrap]
+        argv += ["--results-topic", "results", "--kafka-config", "bootstrap_timeout_ms=1000"]
+        assert main(argv) == EXIT_UNAVAILABLE, capsys.readouterr().err  # past the check, to the silent Kafka
+        assert kafka.connected.is_set()
+    assert [check["model"] for check in judge_server.checks] == ["gpt-4o-mini"]

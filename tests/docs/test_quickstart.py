@@ -72,6 +72,28 @@ def test_the_readme_snippet_ends_its_conversations_and_says_what_the_idle_timeou
     assert "pip install tracejudge`" not in text and "pip install 'tracejudge[" not in text  # not on PyPI
 
 
+# `pip install tracejudge`, `pip install 'tracejudge[redact]'`: from PyPI, where no tracejudge is published (a git URL,
+# `'tracejudge @ git+…'`, or a clone's path, `./tracejudge`, works).
+FROM_PYPI = re.compile(r"pip install (?:-\S+ )*['\"]?tracejudge(?:\[[\w,]*\])?(?!\s*@|[\w/.-])")
+
+
+def test_no_install_line_a_user_reads_asks_pypi_for_tracejudge() -> None:
+    """Docs and the messages the code prints (an extra missing) give install lines that work today."""
+    shipped = [README, *sorted((ROOT / "docs").glob("*.md"))]
+    for package in ("tracer", "consumer", "metrics", "shared", "examples", "deploy"):
+        shipped += sorted((ROOT / package).rglob("*.py"))
+    wrong = [
+        f"{path.relative_to(ROOT)}: {match.group(0)}"
+        for path in shipped
+        for match in FROM_PYPI.finditer(path.read_text(encoding="utf-8"))
+    ]
+    assert wrong == []
+    assert FROM_PYPI.search("pip install 'tracejudge[redact]'") and FROM_PYPI.search("`pip install tracejudge`")
+    assert not FROM_PYPI.search("pip install 'tracejudge @ git+https://x'") and not FROM_PYPI.search(
+        "pip install './tracejudge[consumer]'"
+    )
+
+
 def test_the_readme_snippet_is_judged_at_once_not_after_the_idle_timeout(
     broker: EmbeddedBroker, judge_server: JudgeServer, tmp_path: Path
 ) -> None:

@@ -1,4 +1,5 @@
-"""The base install (`pip install tracejudge`) is what tracing needs, nothing more: no gRPC, no phonenumbers.
+"""The base install (`pip install ./tracejudge`, from a clone) is what tracing needs, nothing more: no gRPC, no
+phonenumbers.
 
 Read from pyproject.toml, and checked against what the tracer really loads: a fresh interpreter imports the tracer and
 builds a provider with its OTLP/HTTP exporter, and every distribution it loaded must come with the base dependencies.
@@ -94,7 +95,9 @@ def test_the_redactor_door_says_which_extra_is_missing() -> None:
     completed = subprocess.run([sys.executable, "-c", blocked], capture_output=True, text=True, timeout=60)
     assert completed.returncode != 0
     last = completed.stderr.strip().splitlines()[-1]
-    assert last == "ImportError: tracejudge.tracer.redact needs phonenumbers: pip install 'tracejudge[redact]'"
+    assert (
+        last == "ImportError: tracejudge.tracer.redact needs phonenumbers (the redact extra): pip install phonenumbers"
+    )
 
     works = "from tracejudge.tracer.redact import redact_pii; print(redact_pii('mail sam@example.com'))"
     completed = subprocess.run([sys.executable, "-c", works], capture_output=True, text=True, timeout=60)
