@@ -74,7 +74,7 @@ class NotificationInstruments:
             self.notifications.labels(outcome=outcome)
         self.pending = Gauge(
             "tracejudge_notifications_pending",
-            "Notifications queued or waiting for a retry",
+            "Notifications queued, waiting for a retry, or delivered and not yet recorded",
             registry=registry,
         )
 
@@ -444,6 +444,7 @@ class Notifier:
                     exc,
                     exc_info=True,
                 )
+                self._closing.wait(1.0)  # a fault that repeats does not spin
 
     def _deliver(self) -> None:
         while not (self._closing.is_set() and self._queue.empty() and not self._retry):

@@ -242,3 +242,30 @@ def test_the_results_topic_is_read_to_its_high_watermark(broker: EmbeddedBroker)
     writer.close(5)
     settings = consumer_settings(broker.bootstrap_servers, "unused", results_topic=results)
     assert len(read_results(settings)) == 1200
+
+
+def test_the_consumer_stops_and_says_why_when_its_notifier_thread_fails(
+    broker: EmbeddedBroker, topic: str, judge_server: Any
+) -> None:
+    """The real consumer: the notifier's delivery thread failing (an error injected where it records a delivery)
+    stops the service with that failure, as the judge thread's would; nothing is committed past the undone post."""
+    from tests.consumer.test_export_notify import conversations, scripted
+    from tests.support.pipeline import RunningConsumer, play, traced_app
+
+    judge_server.responder = scripted()
+    with WebhookReceiver() as receiver:
+        settings = consumer_settings(broker.bootstrap_servers, topic, metrics="failure_rate", notify_url=[receiver.url])
+        consumer = RunningConsumer(settings)
+        notifier = consumer.app.outputs.notifier
+        assert notifier is not None and notifier.delivered_ids is not None
+
+        def broken(*args: Any, **kwargs: Any) -> threading.Event:
+            raise RuntimeError("injected")
+
+        notifier.delivered_ids.add = broken  # type: ignore[method-assign]
+        with consumer:
+            play(traced_app(broker.bootstrap_servers, topic), dict(list(conversations().items())[:2]))  # conv-01
+            consumer.thread.join(120)
+            assert not consumer.thread.is_alive(), "the consumer went on without its notifier"
+    assert repr(consumer.app.service.failure) == "RuntimeError('injected')"
+    assert consumer.value("tracejudge_output_errors_total", output="notify") == 1
