@@ -314,7 +314,7 @@ class Notifier:
     def start(self) -> Notifier:
         if self.delivered_ids is not None:
             self.delivered_ids.ensure_topic()
-            remembered = self.delivered_ids.load()
+            remembered = self.delivered_ids.load(stop=self._closing)  # close() ends a read a dead broker stalls
             with self._lock:
                 self._delivered_before = remembered
             if remembered:
