@@ -401,6 +401,8 @@ def build_app(
             shadow_judges=build_shadow_judges(settings, redactor),
             canary_items=canary_items(settings),
         )
+        if outputs.notifier is not None:  # its delivery thread failing stops the consumer, as the judge thread's
+            outputs.notifier.on_fatal = service.fail
     except BaseException:
         if http_server is not None:
             http_server.shutdown()

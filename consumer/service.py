@@ -192,6 +192,13 @@ class ConsumerService:
         self._partitionless: PartitionlessMember | None = None
         self.partitions = 0  # the span topic's (and the internal topics') partition count, once connected
 
+    def fail(self, exc: BaseException) -> None:
+        """A thread the service depends on died (the notifier's): stop, and exit saying why, as for the judge
+        thread's failure. Thread-safe; the first failure is the one reported."""
+        if self.failure is None:
+            self.failure = exc
+        self.request_stop()
+
     def request_stop(self) -> None:
         """Thread- and signal-safe."""
         self._stop.set()

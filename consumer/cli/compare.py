@@ -178,11 +178,12 @@ def compare_metric(metric: str, pairs: list[tuple[Verdict, Verdict]]) -> dict[st
 
 
 def read_results(settings: Any) -> list[dict[str, Any]]:
-    """Every record of the results topic up to its end (no group, no commits); KafkaUnreachable when the brokers do
-    not answer. An unreadable record is skipped (counted in the report)."""
+    """Every record of the results topic up to its high watermark (no group, no commits); KafkaUnreachable when the
+    brokers do not answer. An unreadable record is skipped (counted in the report)."""
     from kafka import KafkaConsumer, TopicPartition
 
     from ..service import reaching_kafka
+    from ..topic_reader import records_to_end
 
     config = {"enable_auto_commit": False, **settings.consumer_config()}
     with reaching_kafka(settings.bootstrap_servers, config):
@@ -193,21 +194,13 @@ def read_results(settings: Any) -> list[dict[str, Any]]:
         if not partitions:
             raise CompareError(f"--results-topic: topic {settings.results_topic!r} does not exist")
         assigned = [TopicPartition(settings.results_topic, p) for p in sorted(partitions)]
-        consumer.assign(assigned)
-        consumer.seek_to_beginning(*assigned)
-        ends = consumer.end_offsets(assigned)
-        idle = 0
-        while idle < 20 and any(consumer.position(tp) < ends[tp] for tp in assigned):
-            batches = consumer.poll(timeout_ms=500)
-            idle = 0 if batches else idle + 1
-            for batch in batches.values():
-                for record in batch:
-                    try:
-                        value = json.loads(record.value)
-                    except (TypeError, ValueError):
-                        continue
-                    if isinstance(value, dict):
-                        records.append(value)
+        for record in records_to_end(consumer, assigned, what=f"results topic {settings.results_topic!r}"):
+            try:
+                value = json.loads(record.value)
+            except (TypeError, ValueError):
+                continue
+            if isinstance(value, dict):
+                records.append(value)
     finally:
         consumer.close()
     return records

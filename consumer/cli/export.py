@@ -2,7 +2,8 @@
 
 Read from the results topic (no group, no commits): a record carries its conversation's turns as the judge saw them
 (redacted, clipped, windowed) when the consumer runs with `--results-transcript`; records without them are counted
-and said, never exported half. One JSON line per conversation (its latest judged transcript that matches), shaped as
+and said, never exported half. A result id read twice counts once, its newest copy winning (a replay re-judged
+differently). One JSON line per conversation (its latest judged transcript that matches), shaped as
 the seeds' `ConversationalEvalTestCase` (`name`, `turns`) with the verdict, reason, evidence, model, rubric version,
 result id and trace id; `tracejudge.metrics.dataset.load_conversations(path)` reads it back. `--pytest` writes a test
 module that re-judges each of them (see REGRESSION_SUITE).
@@ -135,15 +136,20 @@ _RESULT_KEYS = ("metric", "verdict", "score", "reason", "evidence", "model", "ru
 
 def select(records: Sequence[dict[str, Any]], selection: Selection) -> Export:
     """One line per conversation: its latest matching transcript (highest version, then latest judged), with every
-    matching result of that transcript; a result written twice (a replay: the same result id) counts once."""
+    matching result of that transcript. A result written twice (a replay: the same result id) counts once, and its
+    newest copy (the last read: a result id's records share a partition) is the one that stands: a replay re-judged
+    differently overrides the earlier verdict, also when the newer one no longer matches."""
     export = Export(records=len(records))
-    seen: set[str] = set()
-    by_transcript: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    newest: dict[str, dict[str, Any]] = {}
     for record in records:
         result_id = record.get("result_id")
-        if not isinstance(result_id, str) or result_id in seen or not _matches(record, selection):
+        if isinstance(result_id, str):
+            newest.pop(result_id, None)  # re-inserted: the dict keeps the order of each id's newest copy
+            newest[result_id] = record
+    by_transcript: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for record in newest.values():
+        if not _matches(record, selection):
             continue
-        seen.add(result_id)
         export.matched += 1
         if not isinstance(record.get("transcript"), list):
             export.without_transcript += 1

@@ -27,11 +27,18 @@ MAX_BACKOFF_S = 30.0
 
 
 class _Item:
-    __slots__ = ("attempts", "delivered", "headers", "key", "value")
+    __slots__ = ("attempts", "delivered", "headers", "key", "on_written", "value")
 
-    def __init__(self, key: bytes | None, value: bytes, headers: list[tuple[str, bytes]]) -> None:
+    def __init__(
+        self,
+        key: bytes | None,
+        value: bytes,
+        headers: list[tuple[str, bytes]],
+        on_written: Callable[[], None] | None = None,
+    ) -> None:
         self.key, self.value, self.headers = key, value, headers
         self.delivered = threading.Event()
+        self.on_written = on_written
         self.attempts = 0
 
 
@@ -92,9 +99,17 @@ class KafkaWriter:
         self._thread.start()
         return self
 
-    def write(self, key: bytes | None, value: bytes, headers: list[tuple[str, bytes]] | None = None) -> threading.Event:
-        """Queue one record, never blocking; the returned event is set once the broker acknowledged it."""
-        item = _Item(key, value, headers or [])
+    def write(
+        self,
+        key: bytes | None,
+        value: bytes,
+        headers: list[tuple[str, bytes]] | None = None,
+        *,
+        on_written: Callable[[], None] | None = None,
+    ) -> threading.Event:
+        """Queue one record, never blocking; the returned event is set once the broker acknowledged it, and then
+        `on_written` is called (on the producer's thread: it must be quick and not block)."""
+        item = _Item(key, value, headers or [], on_written)
         with self._lock:
             if self._closing.is_set() or (not self.durable and self._waiting >= self.max_queue):
                 self._dropped += 1
@@ -138,6 +153,11 @@ class KafkaWriter:
         with self._lock:
             self._sent += 1
         item.delivered.set()
+        if item.on_written is not None:
+            try:
+                item.on_written()
+            except Exception:
+                logger.exception("the callback of a record written to %r failed", self.topic)
 
     def _send_failed(self, item: _Item, exc: BaseException) -> None:
         """Count it and retry after a backoff (from the producer's thread or the worker)."""

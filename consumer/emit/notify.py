@@ -4,12 +4,20 @@ A CloudEvents 1.0 JSON event in structured mode (the CNCF SDK makes it; `id` is 
 conversation id, `data` the result record and a link to the trace) or a Slack incoming-webhook message; signed with
 HMAC-SHA256 when a secret is set. `emit` only queues: one delivery thread posts, retrying with backoff for at most
 `retry_for` seconds, so a failing endpoint slows no judgement, and holds a conversation's commit (the events `emit`
-returns) no longer than that. At least once: a verdict whose POST did not succeed keeps its conversation uncommitted,
-so a restart sends it again. Never twice for one result id in a process; across restarts the delivered ids are kept
-in a compacted topic (`<group>-notifications`, read back at start and followed while running, so what another
-replica delivered is known here after a rebalance), so a replay after a crash is not sent again either (only a POST
-that succeeded in the moment before a kill -9 can be repeated: the receiver can dedupe on `id`).
-Per agent a token bucket (`rate_per_minute`) holds back the excess, counted; the agent's next event says how many.
+returns) no longer than that: each attempt's timeout is bounded by what is left of the oldest waiting notification's
+horizon, so however slow the endpoint, the thread is free to give that one up when its time is over (one thread, not
+several: a failing endpoint then costs one connection, and posts keep their order; a healthy endpoint answers well
+within the 5 s an attempt may take). A redirect is not followed (a POST re-sent as a GET elsewhere is no delivery):
+it is a failed attempt, retried, and said. At least once: a verdict whose POST did not succeed, or whose delivery is
+not yet written to the delivered-ids topic, keeps its conversation uncommitted, so a restart sends it again; a
+duplicate of a result still being posted waits for it. Never twice for one result id in a process; across restarts
+the delivered ids are kept in a compacted topic (`<group>-notifications`, read back to its high watermark at start
+and followed while running, so what another replica delivered is known here after a rebalance), so a replay after a
+crash is not sent again either (only a POST that succeeded in the moment before a kill -9 can be repeated: the
+receiver can dedupe on `id`). The delivery thread never waits for that write (it completes the post when the broker
+acknowledges it). Per agent a token bucket (`rate_per_minute`) holds back the excess, counted; the agent's next event
+says how many. An unexpected error on the delivery thread is counted, logged and handed to `on_fatal` (the consumer
+stops and says why, as for its judge thread); without `on_fatal` the thread keeps going.
 """
 
 from __future__ import annotations
@@ -26,7 +34,7 @@ import time
 import urllib.error
 import urllib.request
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -37,6 +45,7 @@ from tracejudge._shared.rate_limited_log import RateLimitedLog
 
 from ..judgement import Judgement
 from ..results import result_record
+from ..topic_reader import records_to_end
 
 logger = logging.getLogger("tracejudge.consumer.notify")
 OUTPUT = "notify"  # its label in tracejudge_output_errors_total
@@ -65,7 +74,7 @@ class NotificationInstruments:
             self.notifications.labels(outcome=outcome)
         self.pending = Gauge(
             "tracejudge_notifications_pending",
-            "Notifications queued or waiting for a retry",
+            "Notifications queued, waiting for a retry, or delivered and not yet recorded",
             registry=registry,
         )
 
@@ -116,15 +125,23 @@ class _Bucket:
 
 @dataclass(slots=True)
 class _Post:
-    """One notification to one URL."""
+    """One notification to one URL; `done` is set once it is delivered (and recorded as such) or given up."""
 
     url: str
     body: bytes
     headers: dict[str, str]
     result_id: str
     first_at: float
+    seq: int
     done: threading.Event = field(default_factory=threading.Event)
     attempts: int = 0
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """A 3xx answer stays an HTTPError: urllib would re-send a redirected POST as a GET, and count it delivered."""
+
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
 
 
 class DeliveredIds:
@@ -166,41 +183,46 @@ class DeliveredIds:
         finally:
             admin.close()
 
-    def load(self) -> set[tuple[str, str]]:
-        """Every (result id, url) delivered so far, read to the topic's end; the reader stays open for `follow`."""
+    def load(self, stop: threading.Event | None = None) -> set[tuple[str, str]]:
+        """Every (result id, url) delivered so far, read to the high watermark of the topic (however slow the broker:
+        a short read would send them again); the reader stays open for `follow`. A topic without partitions yet (just
+        created) holds nothing: `follow` waits for them."""
         from kafka import KafkaConsumer, TopicPartition
 
         self._reader = consumer = KafkaConsumer(
             bootstrap_servers=self.bootstrap_servers, **{**self.consumer_config, "enable_auto_commit": False}
         )
-        ids: set[tuple[str, str]] = set()
-        partitions = consumer.partitions_for_topic(self.topic) or set()
+        partitions = consumer.partitions_for_topic(self.topic)
+        if not partitions:
+            return set()
         assigned = [TopicPartition(self.topic, p) for p in sorted(partitions)]
-        if not assigned:
-            return ids
-        consumer.assign(assigned)
-        consumer.seek_to_beginning(*assigned)
-        ends = consumer.end_offsets(assigned)
-        idle = 0
-        while idle < 20 and any(consumer.position(tp) < ends[tp] for tp in assigned):
-            batches = consumer.poll(timeout_ms=500)
-            idle = 0 if batches else idle + 1
-            ids.update(_delivered(batches))
-        return ids
+        return _delivered(records_to_end(consumer, assigned, what=f"delivered notifications {self.topic!r}", stop=stop))
 
     def follow(self, add: Callable[[set[tuple[str, str]]], None], stop: threading.Event) -> None:
         """Keep reading what the other replicas of the group deliver (a rebalance hands their uncommitted
-        conversations here); on its own thread until `stop`."""
+        conversations here); on its own thread until `stop`. Partitions not known yet (a topic just created, its
+        metadata not yet everywhere) are waited for, then read from their beginning."""
+        from kafka import TopicPartition
+
         consumer = getattr(self, "_reader", None)
         if consumer is None:
             return
-        if not consumer.assignment():
-            consumer.close()
-            return
         try:
+            while not consumer.assignment() and not stop.is_set():
+                try:
+                    partitions = consumer.partitions_for_topic(self.topic)  # asks the cluster while unknown
+                except Exception as exc:
+                    logger.debug("looking up %s: %r", self.topic, exc)
+                    partitions = None
+                if partitions:
+                    assigned = [TopicPartition(self.topic, p) for p in sorted(partitions)]
+                    consumer.assign(assigned)
+                    consumer.seek_to_beginning(*assigned)
+                else:
+                    stop.wait(1.0)
             while not stop.is_set():
                 try:
-                    found = _delivered(consumer.poll(timeout_ms=500))
+                    found = _delivered(r for batch in consumer.poll(timeout_ms=500).values() for r in batch)
                 except Exception as exc:  # a broker outage: the in-memory ids still stop duplicates in this process
                     logger.debug("reading the delivered notifications: %r", exc)
                     stop.wait(1.0)
@@ -210,21 +232,23 @@ class DeliveredIds:
         finally:
             consumer.close()
 
-    def add(self, result_id: str, url: str) -> threading.Event:
-        """Key: the result id and the URL (each endpoint gets each result once)."""
-        return self.writer.write(f"{result_id}\x1f{url}".encode(), b"1")  # type: ignore[no-any-return]
+    def add(self, result_id: str, url: str, on_written: Callable[[], None] | None = None) -> threading.Event:
+        """Key: the result id and the URL (each endpoint gets each result once). Never blocks: the event is set, and
+        `on_written` called, once the broker acknowledged the record."""
+        return self.writer.write(  # type: ignore[no-any-return]
+            f"{result_id}\x1f{url}".encode(), b"1", on_written=on_written
+        )
 
     def close(self, timeout_s: float) -> None:
         self.writer.close(timeout_s)
 
 
-def _delivered(batches: Any) -> set[tuple[str, str]]:
+def _delivered(records: Iterable[Any]) -> set[tuple[str, str]]:
     found = set()
-    for batch in batches.values():
-        for record in batch:
-            result_id, _, url = (record.key or b"").decode("utf-8", "replace").partition("\x1f")
-            if url:
-                found.add((result_id, url))
+    for record in records:
+        result_id, _, url = (record.key or b"").decode("utf-8", "replace").partition("\x1f")
+        if url:
+            found.add((result_id, url))
     return found
 
 
@@ -253,6 +277,7 @@ class Notifier:
         delivered_ids: DeliveredIds | None = None,
         base_backoff_s: float = 0.5,
         clock: Callable[[], float] = time.monotonic,
+        on_fatal: Callable[[BaseException], None] | None = None,
     ) -> None:
         self.urls = list(urls)
         self.rules = [Rule.parse(item) for item in notify_on]
@@ -267,11 +292,16 @@ class Notifier:
         self.delivered_ids = delivered_ids
         self.base_backoff_s = base_backoff_s
         self.clock = clock
+        self.on_fatal = on_fatal
         self._seen: OrderedDict[str, None] = OrderedDict()
         self._delivered_before: set[tuple[str, str]] = set()  # (result id, url) from the delivered-ids topic
         self._buckets: dict[str, _Bucket] = {}
         self._held_back: dict[str, int] = {}
         self._lock = threading.Lock()  # emit runs on the pool thread (and the poll thread for sampled-out ones)
+        self._outstanding: dict[str, list[_Post]] = {}  # result id -> its posts not done yet (a duplicate waits)
+        self._unposted: dict[int, _Post] = {}  # posts not yet taken by an endpoint, oldest first (the horizon)
+        self._seq = itertools.count()
+        self._opener = urllib.request.build_opener(_NoRedirect)
         self._queue: queue.SimpleQueue[_Post | None] = queue.SimpleQueue()
         self._retry: list[tuple[float, int, _Post]] = []
         self._order = itertools.count()
@@ -284,7 +314,7 @@ class Notifier:
     def start(self) -> Notifier:
         if self.delivered_ids is not None:
             self.delivered_ids.ensure_topic()
-            remembered = self.delivered_ids.load()
+            remembered = self.delivered_ids.load(stop=self._closing)  # close() ends a read a dead broker stalls
             with self._lock:
                 self._delivered_before = remembered
             if remembered:
@@ -310,11 +340,12 @@ class Notifier:
             if result.verdict is None or not any(rule.matches(result.name, result.verdict) for rule in self.rules):
                 continue
             record = result_record(judgement, result)
-            posts = self._admit(record)
+            posts, waits = self._admit(record)
             for post in posts:
                 self.instruments.pending.inc()
                 self._queue.put(post)
                 done.append(post.done)
+            done.extend(waits)  # a duplicate of a result still being posted: its commit waits for that post
         return done
 
     def _remember(self, result_id: str) -> None:
@@ -322,14 +353,16 @@ class Notifier:
         if len(self._seen) > REMEMBERED_IDS:
             self._seen.popitem(last=False)
 
-    def _admit(self, record: dict[str, Any]) -> list[_Post]:
+    def _admit(self, record: dict[str, Any]) -> tuple[list[_Post], list[threading.Event]]:
+        """The posts to queue, and for a duplicate the done events of the same result's posts still pending. All
+        under the lock: a duplicate arriving meanwhile finds the posts registered."""
         result_id, agent = str(record["result_id"]), str(record.get("agent"))
-        now = self.clock()
         with self._lock:
+            now = self.clock()  # under the lock: `_unposted` stays in the order of `first_at`
             urls = [url for url in self.urls if (result_id, url) not in self._delivered_before]
             if result_id in self._seen or not urls:
                 self.instruments.notifications.labels(outcome="duplicate").inc()
-                return []
+                return [], [post.done for post in self._outstanding.get(result_id, ())]
             self._remember(result_id)
             bucket = self._buckets.get(agent)
             if bucket is None:
@@ -337,13 +370,16 @@ class Notifier:
             if not bucket.take(now):
                 self._held_back[agent] = self._held_back.get(agent, 0) + 1
                 self.instruments.notifications.labels(outcome="held_back").inc()
-                return []
+                return [], []
             held_back = self._held_back.pop(agent, 0)
-        body, content_type = self.body(record, held_back)
-        headers = {"Content-Type": content_type, "User-Agent": "tracejudge-notify"}
-        if self.secret:
-            headers[SIGNATURE_HEADER] = signature(self.secret, body)
-        return [_Post(url, body, headers, result_id, now) for url in urls]
+            body, content_type = self.body(record, held_back)
+            headers = {"Content-Type": content_type, "User-Agent": "tracejudge-notify"}
+            if self.secret:
+                headers[SIGNATURE_HEADER] = signature(self.secret, body)
+            posts = [_Post(url, body, headers, result_id, now, next(self._seq)) for url in urls]
+            self._outstanding[result_id] = list(posts)
+            self._unposted.update((post.seq, post) for post in posts)
+        return posts, []
 
     def trace_url(self, record: dict[str, Any]) -> str | None:
         if not self.trace_url_template or not record.get("trace_id"):
@@ -390,37 +426,63 @@ class Notifier:
             return None
 
     def _run(self) -> None:
+        while True:
+            try:
+                self._deliver()
+                return
+            except Exception as exc:  # never dies in silence: counted, said, and the owner told
+                self._count_error()
+                if self.on_fatal is not None:
+                    logger.exception(
+                        "the notifications' delivery thread failed; the consumer stops (notifications not delivered "
+                        "keep their conversations uncommitted: a restart sends them). Please report this error."
+                    )
+                    self.on_fatal(exc)
+                    return
+                self._failures.warning(
+                    "the notifications' delivery thread failed (it goes on): %r. Please report this error.",
+                    exc,
+                    exc_info=True,
+                )
+                self._closing.wait(1.0)  # a fault that repeats does not spin
+
+    def _deliver(self) -> None:
         while not (self._closing.is_set() and self._queue.empty() and not self._retry):
+            self._expire()
             post = self._next()
             if post is None:
                 if self._closing.is_set() and self._queue.empty():
                     break  # what is left waits for a retry: left undelivered (its conversation uncommitted)
                 continue
+            if post.done.is_set():
+                continue  # given up when its horizon passed while it waited
             self._attempt(post)
+
+    def _oldest_unposted(self) -> _Post | None:
+        with self._lock:
+            return next(iter(self._unposted.values()), None)
+
+    def _expire(self) -> None:
+        """Give up every post whose retry horizon has passed, oldest first, wherever it waits."""
+        while (oldest := self._oldest_unposted()) is not None:
+            elapsed = self.clock() - oldest.first_at
+            if elapsed < self.retry_for_s:
+                return
+            self._give_up(oldest, elapsed, f"its --notify-retry-for ({self.retry_for_s:.0f} s) passed")
 
     def _attempt(self, post: _Post) -> None:
         post.attempts += 1
-        problem, retryable = self._post(post)
+        oldest = self._oldest_unposted()  # at worst this post: the attempt ends before any waiting post's horizon
+        left = self.retry_for_s - (self.clock() - (oldest or post).first_at)
+        problem, retryable = self._post(post, max(0.001, min(ATTEMPT_TIMEOUT_S, left)))
         if problem is None:
-            self._finish(post, "delivered")
-            if self.delivered_ids is not None:
-                if not self.delivered_ids.add(post.result_id, post.url).wait(10.0):
-                    logger.warning("notifications: result %s delivered but not yet recorded as such", post.result_id)
+            self._posted(post)
             return
-        if self.on_error is not None:
-            self.on_error()
+        self._count_error()
         elapsed = self.clock() - post.first_at
-        if not retryable or elapsed >= self.retry_for_s:
-            self._failures.warning(
-                "notification of result %s to %s given up after %d attempts over %.0f s: %s (check the endpoint; "
-                "its conversation is committed without it)",
-                post.result_id,
-                _redacted(post.url),
-                post.attempts,
-                elapsed,
-                problem,
-            )
-            self._finish(post, "given_up")
+        delay = min(MAX_BACKOFF_S, self.base_backoff_s * 2 ** (post.attempts - 1))
+        if not retryable or elapsed + delay >= self.retry_for_s:
+            self._give_up(post, elapsed, problem)
             return
         self._failures.warning(
             "notification to %s failed: %s; retried with backoff for up to %.0f s (check the endpoint)",
@@ -428,26 +490,73 @@ class Notifier:
             problem,
             self.retry_for_s,
         )
-        delay = min(MAX_BACKOFF_S, self.base_backoff_s * 2 ** (post.attempts - 1))
         heapq.heappush(self._retry, (self.clock() + delay, next(self._order), post))
 
-    def _post(self, post: _Post) -> tuple[str | None, bool]:
+    def _count_error(self) -> None:
+        if self.on_error is not None:
+            try:
+                self.on_error()
+            except Exception:
+                logger.exception("counting a notification error failed")
+
+    def _give_up(self, post: _Post, elapsed: float, problem: str) -> None:
+        self._failures.warning(
+            "notification of result %s to %s given up after %d attempts over %.0f s: %s (check the endpoint; "
+            "its conversation is committed without it)",
+            post.result_id,
+            _redacted(post.url),
+            post.attempts,
+            elapsed,
+            problem,
+        )
+        self._finish(post, "given_up")
+
+    def _posted(self, post: _Post) -> None:
+        """The endpoint took it: delivered once recorded in the delivered-ids topic (written without waiting; the
+        post's event is set when the broker acknowledged it, so its conversation is committed only after)."""
+        with self._lock:
+            self._unposted.pop(post.seq, None)
+        if self.delivered_ids is None:
+            self._finish(post, "delivered")
+        else:
+            self.delivered_ids.add(post.result_id, post.url, on_written=lambda: self._finish(post, "delivered"))
+
+    def _post(self, post: _Post, timeout_s: float) -> tuple[str | None, bool]:
         """(None, _) when the endpoint took it; else what went wrong and whether a retry can help."""
-        request = urllib.request.Request(post.url, data=post.body, headers=post.headers, method="POST")
         try:
-            with urllib.request.urlopen(request, timeout=ATTEMPT_TIMEOUT_S) as response:
+            request = urllib.request.Request(post.url, data=post.body, headers=post.headers, method="POST")
+            with self._opener.open(request, timeout=timeout_s) as response:
                 response.read()
                 return None, True
         except urllib.error.HTTPError as exc:
+            exc.close()
+            if 300 <= exc.code < 400:
+                location = exc.headers.get("Location") if exc.headers is not None else None
+                where = f" to {_redacted(location)}" if location else ""
+                return (
+                    f"HTTP {exc.code} redirect{where}, not followed (a notification is POSTed to the given URL only): "
+                    "set --notify-url to the URL it redirects to",
+                    True,
+                )
             retryable = exc.code in (408, 425, 429) or exc.code >= 500
             return f"HTTP {exc.code}", retryable
         except Exception as exc:  # URLError, OSError, and http.client's own (BadStatusLine, IncompleteRead, ...)
             return f"{type(exc).__name__}: {getattr(exc, 'reason', exc)}", True
 
     def _finish(self, post: _Post, outcome: str) -> None:
+        """Once per post: from the delivery thread, or the delivered-ids writer's when its record is written."""
+        with self._lock:
+            if post.done.is_set():
+                return
+            self._unposted.pop(post.seq, None)
+            posts = self._outstanding.get(post.result_id)
+            if posts is not None:
+                posts[:] = [p for p in posts if p is not post]
+                if not posts:
+                    del self._outstanding[post.result_id]
+            post.done.set()
         self.instruments.notifications.labels(outcome=outcome).inc()
         self.instruments.pending.dec()
-        post.done.set()
 
     def close(self, timeout_s: float = 10.0) -> None:
         """Deliver what is queued within the deadline; what is left stays undelivered (and uncommitted)."""
@@ -463,7 +572,10 @@ def _redacted(url: str) -> str:
     """A URL for a log line: a Slack webhook's path is its secret."""
     from urllib.parse import urlsplit
 
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "an invalid URL"
     return f"{parts.scheme}://{parts.netloc}/…" if parts.path.strip("/") else url
 
 

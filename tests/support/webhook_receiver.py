@@ -1,4 +1,7 @@
-"""A webhook endpoint on 127.0.0.1 that records every POST (headers and body) and answers `status` (settable)."""
+"""A webhook endpoint on 127.0.0.1 that records every POST (headers and body) and answers `status` (settable).
+
+`location`: sent with the answer (a 3xx's target; a GET there is recorded in `gets` and answered 200). `hold`: while
+it is clear, a POST is recorded and then not answered until it is set (a hanging endpoint)."""
 
 from __future__ import annotations
 
@@ -17,9 +20,12 @@ class Delivery:
 
 
 class WebhookReceiver:
-    def __init__(self, status: int = 200) -> None:
+    def __init__(self, status: int = 200, *, location: str | None = None, hold: threading.Event | None = None) -> None:
         self.status = status
+        self.location = location
+        self.hold = hold
         self.deliveries: list[Delivery] = []
+        self.gets: list[str] = []
         self._lock = threading.Lock()
         receiver = self
 
@@ -33,7 +39,18 @@ class WebhookReceiver:
                     status = receiver.status
                     headers = {k.lower(): v for k, v in self.headers.items()}
                     receiver.deliveries.append(Delivery(self.path, headers, body, status))
+                if receiver.hold is not None:
+                    receiver.hold.wait(60)
                 self.send_response(status)
+                if receiver.location:
+                    self.send_header("location", receiver.location)
+                self.send_header("content-length", "0")
+                self.end_headers()
+
+            def do_GET(self) -> None:
+                with receiver._lock:
+                    receiver.gets.append(self.path)
+                self.send_response(200)
                 self.send_header("content-length", "0")
                 self.end_headers()
 
@@ -56,4 +73,6 @@ class WebhookReceiver:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        if self.hold is not None:
+            self.hold.set()
         self._http.stop()
