@@ -20,7 +20,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import pytest
 from kafka import KafkaProducer
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.resources import Resource
