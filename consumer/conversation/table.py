@@ -193,7 +193,9 @@ class ConversationTable:
         self.counts: Counter[str] = Counter()
 
     @classmethod
-    def from_settings(cls, settings: TableOptions, memory: MemoryBound) -> ConversationTable:
+    def from_settings(
+        cls, settings: TableOptions, memory: MemoryBound, store: SpillStore | None = None
+    ) -> ConversationTable:
         """A table with the options that decide what a conversation is: the live consumer and backfill alike."""
         return cls(
             idle_timeout_s=settings.session_idle_timeout,
@@ -202,6 +204,7 @@ class ConversationTable:
             retention_s=settings.state_retention,
             end_grace_s=settings.end_grace,
             memory=memory,
+            store=store,
         )
 
     # -- reading ---------------------------------------------------------------------------------------------------

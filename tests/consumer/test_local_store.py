@@ -34,15 +34,15 @@ def backlog(asm: Any, task: Any, ids: list[str]) -> list[Any]:
             task.table.apply(turn(cid, n), 1000 + n)
             if n == 1:
                 task.table.apply(end(cid), 1001)
-            asm._bound_open()
-            asm._bound_memory()
+            asm.bounds.hold_open(asm.tasks.values())
+            asm.bounds.hold_bytes(asm.tasks.values())
             dispatches += task.table.take_dispatches()
     return dispatches
 
 
 def test_past_the_open_bound_conversations_wait_on_disk_and_are_judged_whole(tmp_path: Path) -> None:
     asm = assembler(max_open_conversations=5, state_dir=str(tmp_path))
-    task = asm._new_task(0)
+    task = asm.state.new_task(0)
     task.restoring = False
     asm.tasks = {0: task}
     ids = [f"i{k}" for k in range(40)]
@@ -57,7 +57,7 @@ def test_past_the_open_bound_conversations_wait_on_disk_and_are_judged_whole(tmp
 
 def test_past_the_byte_bound_conversations_wait_on_disk_not_forgotten(tmp_path: Path) -> None:
     asm = assembler(max_state_bytes=8_000, state_dir=str(tmp_path))
-    task = asm._new_task(0)
+    task = asm.state.new_task(0)
     task.restoring = False
     asm.tasks = {0: task}
     ids = [f"b{k}" for k in range(40)]
@@ -76,7 +76,7 @@ class FullDisk(LocalStore):
 
 def test_a_full_disk_is_counted_said_and_the_bound_falls_back(tmp_path: Path, caplog: Any) -> None:
     asm = assembler(max_open_conversations=5, state_dir=str(tmp_path))
-    task = asm._new_task(0)
+    task = asm.state.new_task(0)
     assert task.store is not None
     task.store.close()
     task.store = task.table.store = FullDisk(tmp_path / "full")  # type: ignore[assignment]
@@ -134,21 +134,21 @@ def test_a_store_without_a_fresh_checkpoint_is_wiped_not_trusted(tmp_path: Path)
     import time
 
     asm = assembler(state_dir=str(tmp_path))
-    task = asm._new_task(0)
+    task = asm.state.new_task(0)
     assert task.store is not None
     task.store.write([("ghost", b"x")])
     task.store.close()
-    fresh = asm._new_task(0)  # no checkpoint was ever written: nothing in the store is trusted
+    fresh = asm.state.new_task(0)  # no checkpoint was ever written: nothing in the store is trusted
     assert fresh.store is not None and list(fresh.store.items()) == []
     fresh.store.write([("kept", b"y")])
-    asm.state_dir.write_checkpoint(0, 7, {})
+    asm.state.directory.write_checkpoint(0, 7, {})
     fresh.store.close()
-    trusted = asm._new_task(0)  # a fresh checkpoint: the store is used and only the tail is read
+    trusted = asm.state.new_task(0)  # a fresh checkpoint: the store is used and only the tail is read
     assert trusted.store is not None and [cid for cid, _ in trusted.store.items()] == ["kept"]
     assert trusted.changelog_position == 7
     trusted.store.close()
     old = time.time() - 2 * 86_400
-    os.utime(asm.state_dir.partition_dir(0) / CHECKPOINT, (old, old))
-    stale = asm._new_task(0)  # older than a day: wiped, restored from the changelog's start
+    os.utime(asm.state.directory.partition_dir(0) / CHECKPOINT, (old, old))
+    stale = asm.state.new_task(0)  # older than a day: wiped, restored from the changelog's start
     assert stale.store is not None and list(stale.store.items()) == []
     assert stale.changelog_position == 0

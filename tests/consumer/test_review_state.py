@@ -15,7 +15,8 @@ from tracejudge.consumer.adapters import ConversationEvent, Turn
 from tracejudge.consumer.conversation.table import ConversationState, ConversationTable, MemoryBound
 from tracejudge.consumer.emit.prometheus import ConsumerInstruments
 from tracejudge.consumer.settings import Settings
-from tracejudge.consumer.streams.assembler import Assembler, Task
+from tracejudge.consumer.streams.assembler import Assembler
+from tracejudge.consumer.streams.task import Task
 
 
 def turn(cid: str, n: int, text: str = "q") -> ConversationEvent:
@@ -148,7 +149,7 @@ def assembler(**options: Any) -> Assembler:
         partitions=2,
         producer_factory=producer_factory,  # type: ignore[arg-type]
     )
-    asm.producer = asm._new_producer()
+    asm.collector.open()
     asm.group = FakeGroup()  # type: ignore[assignment]
     asm.side = FakeSide()  # type: ignore[assignment]
     return asm
@@ -169,15 +170,16 @@ def test_open_bound_reached_while_a_partition_restores_loses_the_completion() ->
     marked dispatched (outcome None) but no job ever reaches the judge queue: never judged, an identical later
     completion is an `unchanged_completion`, and its unknown outcome pins retention."""
     asm = assembler(max_open_conversations=1)
-    restoring = Task(1, asm._table())
+    restoring = Task(1, asm.state.new_table())
     for cid in ("r1", "r2"):  # the changelog being read: two open conversations
         restoring.table.restore(open_state(cid), cid)
     asm.tasks = {1: restoring}
-    asm._bound_open()  # step() order: _finish_restores() runs before, but a long restore spans many steps
-    asm._finish_restores()
-    asm._dispatch()
-    assert asm.producer is not None
-    jobs = [key for topic, key, _ in asm.producer.sent if topic == asm.topics.judge_queue]  # type: ignore[attr-defined]
+    # step() order: complete_restorations() runs before, but a long restore spans many steps
+    asm.bounds.hold_open(asm.tasks.values())
+    asm.complete_restorations()
+    asm.processor.dispatch(asm.tasks.values())
+    assert asm.collector.producer is not None
+    jobs = [key for topic, key, _ in asm.collector.producer.sent if topic == asm.topics.judge_queue]  # type: ignore[attr-defined]
     completed = [cid for cid, s in restoring.table.states.items() if s.status == "completed"]
     # Either nothing completes during a restore, or what completes is sent to the judges.
     assert sorted(k.decode() for k in jobs) == sorted(completed), (jobs, completed)
@@ -188,16 +190,19 @@ def test_a_failed_send_is_not_forgotten_when_another_partition_is_revoked() -> N
     tasks: the kept partition's lost routed events / judge jobs are forgotten and the next commit moves its input
     offset past them (at-least-once hole)."""
     asm = assembler()
-    keep, leave = Task(0, asm._table(), restoring=False), Task(1, asm._table(), restoring=False)
+    keep, leave = (
+        Task(0, asm.state.new_table(), restoring=False),
+        Task(1, asm.state.new_table(), restoring=False),
+    )
     keep.input_position, leave.input_position = 10, 20
     asm.tasks = {0: keep, 1: leave}
-    producer = asm.producer
+    producer = asm.collector.producer
     assert isinstance(producer, FakeProducer)
     producer.fail = lambda topic, partition: topic == asm.topics.judge_queue and partition == 0
     keep.table.apply(turn("c", 0), 1000)  # partition 0's conversation completes; its job's send fails
     keep.table.apply(end("c"), 1000)
-    asm._dispatch()
-    assert asm._send_failed
+    asm.processor.dispatch(asm.tasks.values())
+    assert asm.collector.failed
     asyncio.run(asm.on_partitions_revoked([TopicPartition("spans", 1)]))
     asm.commit()  # the periodic commit
     group = asm.group
@@ -218,20 +223,20 @@ def test_an_input_record_too_large_to_route_does_not_stop_every_commit(monkeypat
     max_request_size (1 MiB) kafka-python fails that send (MessageSizeTooLargeError) every time: `_flush` recovers
     every task, the replay fails again, and no input offset of the process is ever committed again (each cycle also
     re-dispatches the jobs completed since the last commit: repeated judge calls)."""
-    from tracejudge.consumer.streams import assembler as module
+    from tracejudge.consumer.streams import processor as module
     from tracejudge.consumer.streams.partitioner import state_partition
 
     cid = next(f"conv{i}" for i in range(100) if state_partition(f"conv{i}", 2) == 1)  # owned by partition 1
     big = ConversationEvent(cid, "a", turn=Turn("s1", "t", "", 1, 2, "q" * 1_200_000, "a", index=0))
     monkeypatch.setattr(module, "read_events", lambda value, **kw: ([big], None))
     asm = assembler()
-    producer = asm.producer
+    producer = asm.collector.producer
     assert isinstance(producer, FakeProducer)
     for _cycle in range(3):  # read the record, commit; on failure the task is rebuilt and the record read again
-        task = asm.tasks.get(0) or Task(0, asm._table(), restoring=False)
+        task = asm.tasks.get(0) or Task(0, asm.state.new_table(), restoring=False)
         task.restoring = False
         asm.tasks = {0: task}
-        asm._input(task, _Record(5))
+        asm.processor.input(task, _Record(5))
         task.input_position = 6
         asm.commit()
     group = asm.group
@@ -244,13 +249,13 @@ def test_open_bound_with_an_interleaved_backlog_is_counted_and_ends_whole() -> N
     --max-open-conversations complete early (`memory_bound`, counted) on the turns read so far; each continues as a
     new version, so its last judgement has the whole transcript. (Not cutting them needs a spill store: not built.)"""
     asm = assembler(max_open_conversations=2)
-    task = Task(0, asm._table(), restoring=False)
+    task = Task(0, asm.state.new_table(), restoring=False)
     asm.tasks = {0: task}
     ids = [f"i{k}" for k in range(4)]
     for n in range(2):  # the backlog: turn 0 of every conversation, then turn 1 of every conversation
         for cid in ids:
             task.table.apply(turn(cid, n), 1000 + n)
-            asm._bound_open()  # as step() runs it after each poll batch
+            asm.bounds.hold_open(asm.tasks.values())  # as step() runs it after each poll batch
     for cid in ids:
         task.table.apply(end(cid), 1002)
     dispatches = task.table.take_dispatches()

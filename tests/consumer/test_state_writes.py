@@ -9,7 +9,7 @@ from tracejudge.consumer.adapters import ConversationEvent, Feedback, Turn
 from tracejudge.consumer.conversation import codec
 from tracejudge.consumer.conversation.table import ConversationState, ConversationTable
 from tracejudge.consumer.streams import records as R
-from tracejudge.consumer.streams.assembler import Task
+from tracejudge.consumer.streams.task import Task
 
 from .test_review_state import FakeProducer, assembler
 
@@ -35,12 +35,12 @@ def changelog_writes(producer: Any, asm: Any) -> list[bytes]:
 
 def test_a_conversation_changed_fifty_times_in_a_commit_interval_is_written_once() -> None:
     asm = assembler()
-    task = Task(0, asm._table(), restoring=False, input_position=50)
+    task = Task(0, asm.state.new_table(), restoring=False, input_position=50)
     asm.tasks = {0: task}
     for n in range(50):
         task.table.apply(turn("busy", n), 1000 + n)
     asm.commit()
-    producer = asm.producer
+    producer = asm.collector.producer
     assert isinstance(producer, FakeProducer)
     writes = changelog_writes(producer, asm)
     assert writes.count(b"busy") == 1, writes

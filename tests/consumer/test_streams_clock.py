@@ -16,7 +16,9 @@ import pytest
 from tracejudge.consumer.adapters import ConversationEvent, Turn
 from tracejudge.consumer.conversation.table import ConversationTable
 from tracejudge.consumer.streams import records as R
-from tracejudge.consumer.streams.assembler import FETCH_WAIT_MS, Assembler, Task
+from tracejudge.consumer.streams.clock import FETCH_WAIT_MS, StreamClock, task_time
+from tracejudge.consumer.streams.processor import Processor
+from tracejudge.consumer.streams.task import Task
 
 
 def record(kind: str, key: bytes, value: object, timestamp: int) -> SimpleNamespace:
@@ -26,16 +28,16 @@ def record(kind: str, key: bytes, value: object, timestamp: int) -> SimpleNamesp
 
 
 def test_watermarks_and_verdicts_do_not_move_the_record_clock() -> None:
-    assembler = Assembler.__new__(Assembler)  # _repartitioned needs no clients
+    processor = Processor.__new__(Processor)  # repartitioned needs no clients
     task = Task(0, ConversationTable(idle_timeout_s=1.0), restoring=False)
     now = int(time.time() * 1000)
     backlog = now - 60_000  # records a minute old, being caught up on
     turn = Turn("s1", "t1", "", 1, 2, "question", "answer")
     event = ConversationEvent("conv-1", "agent", turn=turn)
-    assembler._repartitioned(task, record(R.EVENTS, b"conv-1", {"events": [R.event_to_json(event)]}, backlog))
+    processor.repartitioned(task, record(R.EVENTS, b"conv-1", {"events": [R.event_to_json(event)]}, backlog))
     assert task.watermark_ms == backlog
-    assembler._repartitioned(task, record(R.WATERMARK, R.WATERMARK_KEY, {"source": 1, "ms": backlog}, now))
-    assembler._repartitioned(task, record(R.VERDICT, b"conv-1", {"content_id": "x", "outcome": "judged"}, now))
+    processor.repartitioned(task, record(R.WATERMARK, R.WATERMARK_KEY, {"source": 1, "ms": backlog}, now))
+    processor.repartitioned(task, record(R.VERDICT, b"conv-1", {"content_id": "x", "outcome": "judged"}, now))
     assert task.sources == {1: backlog}
     assert task.watermark_ms == backlog  # not `now`: input up to now was not read
     task.table.advance(task.watermark_ms, backlog)
@@ -57,24 +59,23 @@ class _Consumer:
             state.highwater = highwater
 
 
-def _assembler() -> tuple[Assembler, Task, _Consumer]:
-    from tracejudge.consumer.settings import Settings
+class _Thread:
+    """What the stream thread hands the clock: its tasks and its two consumers."""
 
-    assembler = Assembler.__new__(Assembler)
-    assembler.settings = Settings.from_options(bootstrap_servers="127.0.0.1:9", topic="spans", group_id="g")
-    assembler.topics = SimpleNamespace(repartition="g-repartition")  # type: ignore[assignment]
+    def __init__(self, task: Task, group: _Consumer) -> None:
+        self.clock = StreamClock("spans", "g-repartition", 1)
+        self.task, self.group, self.side = task, group, _Consumer(None)
+
+
+def _assembler() -> tuple[_Thread, Task, _Consumer]:
     group = _Consumer(10)
-    assembler.group = group  # type: ignore[assignment]
-    assembler.side = _Consumer(None)  # type: ignore[assignment]
     task = Task(0, ConversationTable(idle_timeout_s=1.0), restoring=False, input_position=10)
     task.watermark_ms = int(time.time() * 1000) - 60_000
-    assembler.tasks = {0: task}
-    return assembler, task, group
+    return _Thread(task, group), task, group
 
 
-def _check(assembler: Assembler) -> None:
-    assembler._last_probe = 0.0
-    assembler._probe_caught_up()
+def _check(assembler: _Thread) -> None:
+    assembler.clock.probe([assembler.task], assembler.group, assembler.side, force=True)  # type: ignore[arg-type]
 
 
 def test_a_remembered_high_watermark_never_lets_wall_time_run() -> None:
@@ -83,7 +84,7 @@ def test_a_remembered_high_watermark_never_lets_wall_time_run() -> None:
     assembler, task, _group = _assembler()
     for _ in range(3):
         _check(assembler)
-    assert assembler._clock(task, int(time.time() * 1000)) == task.watermark_ms
+    assert task_time(task, int(time.time() * 1000)) == task.watermark_ms
 
 
 def test_a_fetch_answered_after_the_check_moves_the_clock_to_that_check() -> None:
@@ -92,7 +93,7 @@ def test_a_fetch_answered_after_the_check_moves_the_clock_to_that_check() -> Non
     _check(assembler)  # drops the remembered high watermark
     group.answer(10)  # a fetch answered: still at the position
     _check(assembler)
-    clock = assembler._clock(task, int(time.time() * 1000))
+    clock = task_time(task, int(time.time() * 1000))
     assert before - FETCH_WAIT_MS <= clock <= before  # the first check, less a fetch's wait: never later
 
 
@@ -101,14 +102,14 @@ def test_an_answer_with_more_records_keeps_record_time() -> None:
     _check(assembler)
     group.answer(15)  # 5 more records in the partition
     _check(assembler)
-    assert assembler._clock(task, int(time.time() * 1000)) == task.watermark_ms
+    assert task_time(task, int(time.time() * 1000)) == task.watermark_ms
 
 
 def test_no_answer_for_a_dropped_high_watermark_brings_the_last_one_back(monkeypatch: pytest.MonkeyPatch) -> None:
     """An incremental fetch session (Apache Kafka) leaves an unchanged partition out of its answers: after
     ANSWER_WAIT_MS without one, the last value counts as the answer, and the clock moves to the drop (less a fetch's
     wait) — not further, and not before."""
-    import tracejudge.consumer.streams.assembler as module
+    import tracejudge.consumer.streams.clock as module
 
     now = int(time.time() * 1000)
     clock = {"now": now}
@@ -117,10 +118,10 @@ def test_no_answer_for_a_dropped_high_watermark_brings_the_last_one_back(monkeyp
     _check(assembler)  # dropped at `now`
     clock["now"] = now + module.ANSWER_WAIT_MS - 1
     _check(assembler)
-    assert assembler._clock(task, clock["now"]) == task.watermark_ms  # still waiting for an answer
+    assert task_time(task, clock["now"]) == task.watermark_ms  # still waiting for an answer
     clock["now"] = now + module.ANSWER_WAIT_MS
     _check(assembler)
-    assert assembler._clock(task, clock["now"]) == now - module.FETCH_WAIT_MS
+    assert task_time(task, clock["now"]) == now - module.FETCH_WAIT_MS
 
 
 def test_the_lag_probe_never_raises_into_the_judge_worker() -> None:

@@ -28,7 +28,8 @@ from tracejudge.consumer.judgement import Judgement
 from tracejudge.consumer.results import result_record
 from tracejudge.consumer.settings import Settings
 from tracejudge.consumer.streams import records as R
-from tracejudge.consumer.streams.assembler import Assembler, Task
+from tracejudge.consumer.streams.assembler import Assembler
+from tracejudge.consumer.streams.task import Task
 from tracejudge.metrics import MetricResult
 
 KEYS = [
@@ -77,10 +78,10 @@ def ingest() -> tuple[Assembler, Task]:
         assembler = Assembler(
             settings_, service.prometheus, service.instruments, service.sampler.should_judge, partitions=1
         )
-        assembler.producer = KafkaProducer(
+        assembler.collector.producer = KafkaProducer(
             bootstrap_servers="127.0.0.1:9", api_version=(3, 9), max_block_ms=0, reconnect_backoff_max_ms=60_000
         )
-        task = Task(0, assembler._table(), restoring=False)
+        task = Task(0, assembler.state.new_table(), restoring=False)
         assembler.tasks[0] = task
         _INGEST.update(assembler=assembler, task=task, offset=0)
     return _INGEST["assembler"], _INGEST["task"]
@@ -99,7 +100,7 @@ def fold(value: bytes) -> None:
     _INGEST["offset"] += 1
     record = ConsumerRecord("fuzz", 0, -1, _INGEST["offset"], 0, 0, b"k", value, [], None, 1, len(value), 0)
     before = counted(assembler)
-    assembler._input(task, record)
+    assembler.processor.input(task, record)
     assert counted(assembler) == before + 1
     table = task.table
     now = int(time.time() * 1000)

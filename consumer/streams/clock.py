@@ -1,0 +1,139 @@
+"""Stream time: the clock by which a task's conversations go idle and complete (Kafka Streams' punctuation by
+stream time, with Flink's watermarks across the repartition shuffle).
+
+A task's clock is the highest record timestamp it has read, or the wall time at which a fetch answered after the
+last check found nothing left to read (`probe`); a lagging, paused or rebalancing task never makes its
+conversations idle, and a stale high watermark never passes for "caught up". Conversations with routed events
+complete by the slowest other source, whose clock each task broadcasts through the repartition topic.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from kafka import KafkaConsumer, TopicPartition
+
+from . import records as R
+from .probe import forget_highwater, restore_highwater
+from .record_collector import RecordCollector
+from .task import Task, active
+
+FUTURE_SLACK_MS = 5 * 60 * 1000  # a record stamped further ahead than this (a producer's bad clock) is not believed
+WATERMARK_INTERVAL_S = 0.5
+ANSWER_WAIT_MS = 3_000  # no fetch answer for a dropped high watermark this long: an incremental session left it out
+FETCH_WAIT_MS = 1_000  # a fetch in flight when a high watermark is dropped was answered at most this long before
+
+
+def wall_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def record_time(record: Any) -> int:
+    """A record's timestamp, or now when it has none; never believed further ahead than FUTURE_SLACK_MS."""
+    now = wall_ms()
+    ts = record.timestamp if isinstance(record.timestamp, int) and record.timestamp > 0 else now
+    return min(ts, now + FUTURE_SLACK_MS)
+
+
+def task_time(task: Task, now: int) -> int:
+    """A task's clock: its highest record timestamp, or the wall time by which a fresh fetch found its input
+    partition read to the end (never later than `now`)."""
+    return min(now, max(task.watermark_ms, task.caught_up_ms)) if task.caught_up_ms else task.watermark_ms
+
+
+class _Every:
+    """Due at most once every `seconds` (monotonic time)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self._last = 0.0
+
+    def due(self, *, force: bool = False) -> bool:
+        if not force and time.monotonic() - self._last < self.seconds:
+            return False
+        self._last = time.monotonic()
+        return True
+
+
+class StreamClock:
+    """The tasks' clocks: when their input is read to the end, how far their conversations have gone idle, and the
+    watermarks they send one another. Driven by the stream thread only."""
+
+    def __init__(self, topic: str, repartition: str, partitions: int) -> None:
+        self.topic = topic
+        self.repartition = repartition
+        self.partitions = partitions
+        self._probes = _Every(WATERMARK_INTERVAL_S)
+        self._watermarks = _Every(WATERMARK_INTERVAL_S)
+
+    def input_position(self, task: Task, group: KafkaConsumer) -> int | None:
+        """The next input offset the task processes (the group consumer's position before it read anything)."""
+        if task.input_position is not None:
+            return task.input_position
+        try:
+            return group.position(TopicPartition(self.topic, task.partition), timeout_ms=0)
+        except Exception:
+            return None
+
+    def _looks_caught_up(self, task: Task, group: KafkaConsumer, side: KafkaConsumer) -> bool:
+        """By the clients' last fetches (which may be stale): nothing left in the input or repartition partition."""
+        end = group.highwater(TopicPartition(self.topic, task.partition))
+        position = self.input_position(task, group)
+        if end is None or position is None or position < end:
+            return False
+        side_end = side.highwater(TopicPartition(self.repartition, task.partition))
+        return side_end is None or task.repartition_position >= side_end
+
+    def probe(self, tasks: Iterable[Task], group: KafkaConsumer, side: KafkaConsumer, *, force: bool = False) -> None:
+        """Every WATERMARK_INTERVAL_S (or at once: `force`): a task that looks caught up has the high watermark its
+        group consumer remembers dropped; once a fetch answered after that brings one back and it is still at the
+        task's position, nothing more was in the partition when it was dropped (less a fetch's wait: an answer in
+        flight then is older). While the consumer does not fetch (paused, rebalancing, its thread busy) no answer
+        comes, and the clock holds. An incremental fetch session (Apache Kafka) leaves an unchanged partition out of
+        its answers: past ANSWER_WAIT_MS without one, the last value comes back and counts as an answer (the clock
+        then trusts it, as any consumer reading its last fetch would). Where kafka-python keeps the value out of
+        reach, it is taken as it is."""
+        if not self._probes.due(force=force):
+            return
+        at = wall_ms()
+        for task in active(tasks):
+            tp = TopicPartition(self.topic, task.partition)
+            position = self.input_position(task, group)
+            end = group.highwater(tp)
+            if end is None and task.highwater_dropped_ms is not None and task.highwater_seen is not None:
+                if at - task.highwater_dropped_ms >= ANSWER_WAIT_MS and restore_highwater(
+                    group, tp, task.highwater_seen
+                ):
+                    end = task.highwater_seen
+            if end is not None:
+                task.highwater_seen = end
+            if task.highwater_dropped_ms is not None and end is not None and position is not None and end <= position:
+                task.caught_up_ms = max(task.caught_up_ms, task.highwater_dropped_ms - FETCH_WAIT_MS)
+            if end is not None and self._looks_caught_up(task, group, side):
+                if forget_highwater(group, tp):
+                    task.highwater_dropped_ms = at
+                else:
+                    task.caught_up_ms = max(task.caught_up_ms, at)
+            elif end is not None:
+                task.highwater_dropped_ms = None  # records still to read: no claim until caught up again
+
+    def advance(self, tasks: Iterable[Task]) -> None:
+        """Each active task's table to its clock: idle conversations complete (routed ones by the slowest source)."""
+        now = wall_ms()
+        for task in active(tasks):
+            others = [task.sources.get(q, 0) for q in range(self.partitions) if q != task.partition]
+            task.table.advance(task_time(task, now), min(others) if others else None)
+
+    def broadcast(self, tasks: Iterable[Task], collector: RecordCollector) -> None:
+        """Every other state partition learns how far each of our input partitions has routed its records (as
+        Flink's watermarks cross a shuffle): conversations with routed events complete by the slowest source."""
+        if self.partitions < 2 or not self._watermarks.due():
+            return
+        now = wall_ms()
+        for task in active(tasks):
+            value = R.dumps({"source": task.partition, "ms": task_time(task, now)})
+            for target in range(self.partitions):
+                if target != task.partition:
+                    collector.send(self.repartition, R.WATERMARK_KEY, value, R.WATERMARK, partition=target)

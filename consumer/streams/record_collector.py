@@ -1,0 +1,152 @@
+"""The record collector (Kafka Streams' RecordCollectorImpl): every write of the stream thread to Kafka.
+
+One producer writes the internal topics (repartition, changelog, judge queue); a KafkaWriter sets malformed input
+aside in the dead-letter topic. A send that fails is remembered (`failed`) until the committer recovered from it,
+so nothing is committed past a record that was never written; `flushed` says whether everything sent was answered.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from kafka import KafkaProducer
+from kafka.errors import KafkaTimeoutError
+
+from tracejudge._shared.rate_limited_log import RateLimitedLog
+
+from ..emit import KafkaWriter
+from ..emit.prometheus import ConsumerInstruments
+from ..settings import Settings
+from . import records as R
+from .task import Task
+from .topics import InternalTopics
+
+logger = logging.getLogger("tracejudge.consumer.streams")
+PRODUCER_BATCH_BYTES = 256 * 1024
+
+
+def _acknowledged(task: Task, meta: Any) -> None:
+    offset = getattr(meta, "offset", None)
+    if isinstance(offset, int) and offset >= 0:
+        task.changelog_acked = max(task.changelog_acked or 0, offset + 1)
+
+
+class RecordCollector:
+    """The stream thread's producer and dead-letter writer; only the stream thread sends."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        prometheus: ConsumerInstruments,
+        topics: InternalTopics,
+        producer_factory: Callable[..., KafkaProducer] = KafkaProducer,
+    ) -> None:
+        self.settings = settings
+        self.prometheus = prometheus
+        self.topics = topics
+        self.producer_factory = producer_factory
+        self.producer: KafkaProducer | None = None
+        self.dead_letter: KafkaWriter | None = None
+        self._failed = False
+        self._send_log = RateLimitedLog(logger, interval_s=10.0)
+
+    @property
+    def failed(self) -> bool:
+        """A send failed since the producer was last renewed: nothing may be committed past it."""
+        return self._failed
+
+    def open(self) -> None:
+        """The producer, and the dead-letter writer when --dead-letter-topic is set."""
+        settings = self.settings
+        self.producer = self._new_producer()
+        if settings.dead_letter_topic:
+            self.dead_letter = KafkaWriter(
+                settings.bootstrap_servers,
+                settings.dead_letter_topic,
+                on_error=lambda: self.prometheus.record_output_error("dead_letter"),
+                **settings.producer_config(),
+            ).start()
+
+    def _new_producer(self) -> KafkaProducer:
+        settings = self.settings
+        # Large batches: a commit writes its changed conversations in a burst, and kafka-python wakes its sender
+        # each time a send opens a new batch (per record, with 2 KiB states in the default 16 KiB batches).
+        config: dict[str, Any] = {
+            "bootstrap_servers": settings.bootstrap_servers,
+            "client_id": "tracejudge-state",
+            "acks": "all",
+            "linger_ms": 5,
+            "batch_size": PRODUCER_BATCH_BYTES,
+        }
+        return self.producer_factory(**{**config, **settings.producer_config()})
+
+    def renew(self) -> None:
+        """A send failed for good: a fresh producer, the failure cleared (an idempotent producer whose id the brokers
+        forgot, e.g. after they lost their state, fails every later send with InitProducerId errors and never
+        recovers)."""
+        self._failed = False
+        old = self.producer
+        self.producer = self._new_producer()
+        if old is not None:
+            try:
+                old.close(timeout=0)
+            except Exception as exc:
+                logger.warning("closing the failed producer: %r", exc)
+
+    def send(
+        self, topic: str, key: str | bytes, value: bytes | None, kind: str, *, acked: Task | None = None, **kwargs: Any
+    ) -> None:
+        """`acked`: the task whose `changelog_acked` follows this record's acknowledgement."""
+        assert self.producer is not None
+        raw_key = key if isinstance(key, bytes) else key.encode("utf-8", "surrogatepass")
+        try:
+            future = self.producer.send(topic, key=raw_key, value=value, headers=R.header(kind), **kwargs)
+        except Exception as exc:
+            self._send_error(topic, exc)
+            return
+        producer = self.producer  # a renewed producer's aborted sends were already recovered from
+        future.add_errback(lambda exc: self._send_error(topic, exc) if producer is self.producer else None)
+        if acked is not None:
+            future.add_callback(lambda meta: _acknowledged(acked, meta))
+
+    def _send_error(self, topic: str, exc: BaseException) -> None:
+        self._failed = True
+        output = "changelog" if topic == self.topics.changelog else "internal_topics"
+        self.prometheus.record_output_error(output)
+        self._send_log.warning(
+            "writing to internal topic %s failed: %r (nothing is committed past it; check the brokers)", topic, exc
+        )
+
+    def set_aside(self, record: Any, reason: str) -> None:
+        """A malformed input record into the dead-letter topic, with why and where from (if there is one)."""
+        if self.dead_letter is not None:
+            headers = [
+                ("tracejudge.error", reason.encode("utf-8", "replace")[:1000]),
+                ("tracejudge.source", f"{record.topic}/{record.partition}/{record.offset}".encode()),
+            ]
+            self.dead_letter.write(record.key, record.value or b"", headers)
+
+    def flushed(self, timeout_s: float) -> bool:
+        """Everything sent is acknowledged (or failed); False when the brokers did not answer in time (an outage:
+        nothing is committed, the producer keeps retrying and the next commit tries again)."""
+        assert self.producer is not None
+        try:
+            self.producer.flush(timeout=timeout_s)
+        except KafkaTimeoutError:
+            self._send_log.warning(
+                "internal topics unacknowledged after %.0fs: nothing is committed until they are (check the brokers)",
+                timeout_s,
+            )
+            return False
+        return True
+
+    def close(self, grace_s: float) -> None:
+        if self.producer is not None:
+            try:
+                self.producer.close(timeout=max(0.5, grace_s))
+            except Exception as exc:
+                logger.warning("closing the producer: %r", exc)
+        if self.dead_letter is not None:
+            self.dead_letter.close(max(0.5, grace_s))

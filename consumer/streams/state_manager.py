@@ -1,0 +1,260 @@
+"""The state manager (Kafka Streams' ProcessorStateManager): a task's local store, its restore from the changelog,
+its checkpoint.
+
+A task's store is trusted only with a fresh checkpoint (the changelog offset it reflects); then restoration reads
+the changelog from there on, else the store is wiped and the changelog is read from its start. The store gets a
+state only after the changelog acknowledged it, and the checkpoint moves only once the store holds every state the
+changelog has, so store and checkpoint stay a valid restore point. A store that fails (a full disk) is counted and
+said; its conversations stay in memory.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import time
+from typing import Any
+
+from tracejudge._shared.rate_limited_log import RateLimitedLog
+
+from ..conversation.store import LocalStore, StoreError, tagged
+from ..conversation.store import decode as store_decode
+from ..conversation.table import OPEN, ConversationTable, MemoryBound
+from ..settings import Settings
+from . import records as R
+from .instruments import StreamsInstruments
+from .state_directory import StateDirectory
+from .task import Task
+
+logger = logging.getLogger("tracejudge.consumer.streams")
+# A checkpointed store older than this is not trusted (the changelog keeps tombstones a day by default:
+# delete.retention.ms), so a conversation forgotten meanwhile cannot come back from the store.
+STORE_TRUST_S = 86_400.0
+
+
+class StateManager:
+    """The tasks' local stores under --state-dir; driven by the stream thread only."""
+
+    def __init__(self, settings: Settings, memory: MemoryBound, instruments: StreamsInstruments) -> None:
+        self.settings = settings
+        self.memory = memory
+        self.instruments = instruments
+        self.directory = StateDirectory(settings.state_dir, settings.group_id, settings.group_instance_id)
+        self._store_log = RateLimitedLog(logger, interval_s=30.0)
+
+    def new_table(self, store: LocalStore | None = None) -> ConversationTable:
+        """A task's table: the settings' rules, the process's memory bound, `store` to spill to (none: memory only)."""
+        return ConversationTable.from_settings(self.settings, self.memory, store)
+
+    def new_task(self, partition: int) -> Task:
+        """A task with its local store and, when the store has a checkpoint, the changelog read from there on."""
+        store: LocalStore | None = None
+        try:
+            store = self.directory.open_store(partition)
+        except (StoreError, OSError) as exc:
+            self.store_failed(exc, partition)
+        task = Task(partition, self.new_table(store), store=store)
+        checkpoint = self.directory.read_checkpoint(partition) if store is not None else None
+        if store is not None and checkpoint is not None and self._stale(partition):
+            # Older than the changelog keeps tombstones (delete.retention.ms, a day by default) or than the state
+            # retention: a conversation forgotten meanwhile may have no tombstone left to replay over the store.
+            logger.info("local store of partition %d is older than its checkpoint may be trusted: restoring", partition)
+            self.directory.clear_checkpoint(partition)
+            checkpoint = None
+        if store is not None and checkpoint is None:
+            try:  # a store without a (fresh) checkpoint may hold anything: the changelog restores it from the start
+                store.wipe()
+            except StoreError as exc:
+                self.store_failed(exc, partition)
+        if checkpoint is not None:
+            task.changelog_position = task.checkpointed = int(checkpoint["changelog"])
+            positions = checkpoint.get("positions") or {}
+            task.repartition_position = int(positions.get("repartition") or 0)
+            task.watermark_ms = int(positions.get("watermark") or 0)
+            task.sources = {int(k): int(v) for k, v in (positions.get("sources") or {}).items()}
+        return task
+
+    def _stale(self, partition: int) -> bool:
+        age = self.directory.checkpoint_age_s(partition)
+        return age is not None and age > min(self.settings.state_retention, STORE_TRUST_S)
+
+    def distrust_store(self, task: Task, end: int) -> Task:
+        """The store's checkpoint is past the changelog's end (the topic was recreated): a new task over the wiped
+        store, restored from the changelog's start."""
+        logger.warning(
+            "partition %d: the local store's checkpoint (changelog offset %s) is past the changelog's end (%d):"
+            " restoring from the changelog's start",
+            task.partition,
+            task.checkpointed,
+            end,
+        )
+        assert task.store is not None
+        task.store.wipe()
+        self.directory.clear_checkpoint(task.partition)
+        fresh = Task(task.partition, self.new_table(task.store), store=task.store)
+        fresh.restore_started = task.restore_started
+        return fresh
+
+    @staticmethod
+    def close_task(task: Task) -> None:
+        task.table.close()
+        if task.store is not None:
+            task.store.close()
+
+    def close(self) -> None:
+        self.directory.close()
+
+    def store_failed(self, exc: BaseException, partition: int) -> None:
+        reason = exc.reason if isinstance(exc, StoreError) else "io"
+        self.instruments.store_errors.labels(reason=reason).inc()
+        self._store_log.warning(
+            "partition %d: the local store under --state-dir %s failed (%s): %s. Its conversations stay in memory,"
+            " and past --max-open-conversations / --max-state-bytes the least recently active complete early"
+            " (completed_by=memory_bound); free space on that volume or grow it (docs/state.md, the local store)",
+            partition,
+            self.settings.state_dir,
+            reason,
+            exc,
+        )
+
+    # -- restoration -----------------------------------------------------------------------------------------------
+
+    @staticmethod
+    def restore(task: Task, record: Any) -> None:
+        """One changelog record: positions are taken at once, a state kept raw until the restore ends."""
+        kind = R.kind_of(record.headers)
+        try:
+            if kind == R.POSITIONS:
+                positions = R.loads(record.value)
+                task.repartition_position = int(positions["repartition"])
+                task.watermark_ms = max(task.watermark_ms, int(positions.get("watermark", 0)))
+                for source, ms in (positions.get("sources") or {}).items():
+                    task.sources[int(source)] = max(task.sources.get(int(source), 0), int(ms))
+            elif kind in R.STATES and record.key is not None:
+                task.restored[record.key] = (kind, record.value)
+        except Exception as exc:  # a changelog record we cannot read costs that conversation, never the partition
+            logger.warning("unreadable changelog record at %d/%d: %r", record.partition, record.offset, exc)
+
+    def finish_restore(self, task: Task, end: int, open_elsewhere: int) -> None:
+        """The changelog was read to `end`: the restored states into the table (`open_elsewhere`: open conversations
+        other tasks hold in memory, under the same --max-open-conversations), the checkpoint moved to the end."""
+        self._load_restored(task, open_elsewhere)
+        task.restoring = False
+        task.table.restored(stored=task.table.store is not None)  # restored state is in the changelog (and store)
+        if task.table.store is not None and task.changelog_position != task.checkpointed:
+            task.changelog_acked = task.changelog_position
+            self.checkpoint(task)  # the store now reflects the changelog to its end
+        task.table.take_dispatches()
+        elapsed = time.monotonic() - task.restore_started
+        self.instruments.restore_seconds.observe(elapsed)
+        logger.info(
+            "partition %d restored: %d conversations (%d on disk) from changelog records %d..%d in %.2fs%s",
+            task.partition,
+            len(task.table),
+            task.table.spilled_count,
+            task.checkpointed or 0,
+            end,
+            elapsed,
+            " (the local store's checkpoint)" if task.checkpointed else "",
+        )
+
+    def _load_restored(self, task: Task, open_elsewhere: int) -> None:
+        """The restored states into the table, each decoded once (its latest record). With a local store: the
+        changelog's tail goes into the store, then the store into the table, in memory up to the bounds."""
+        restored, task.restored = task.restored, {}
+        collecting = gc.isenabled()
+        gc.disable()  # decoding makes no cycles; the collector's passes over the growing heap cost ~4x the decode
+        try:
+            if task.store is not None and self._store_tail(task, restored):
+                self._load_store(task, open_elsewhere)
+                return
+            if task.store is not None:  # the tail could not be stored: the store's older states, then the tail
+                self._load_store(task, open_elsewhere)
+                task.table.store = None  # nothing may leave memory for a store that lacks the tail
+            for key, (kind, value) in restored.items():
+                cid = key.decode("utf-8", "surrogatepass")
+                try:
+                    task.table.restore(None if value is None else R.decode_state(kind, value), cid)
+                except Exception as exc:  # an unreadable state costs that conversation, never the partition
+                    logger.warning("unreadable changelog state of conversation %r: %r", cid, exc)
+        finally:
+            if collecting:
+                gc.enable()
+
+    def _store_tail(self, task: Task, restored: dict[bytes, tuple[str | None, bytes | None]]) -> bool:
+        assert task.store is not None
+        puts: list[tuple[str, bytes]] = []
+        deletes: list[str] = []
+        for key, (kind, value) in restored.items():
+            cid = key.decode("utf-8", "surrogatepass")
+            if value is None:
+                deletes.append(cid)
+            else:
+                puts.append((cid, tagged(kind == R.STATE_PACKED, value)))
+        try:
+            task.store.write(puts, deletes)
+            return True
+        except StoreError as exc:
+            task.store_failing = True
+            self.store_failed(exc, task.partition)
+            return False
+
+    def _load_store(self, task: Task, open_elsewhere: int) -> None:
+        """Every conversation of the store into the table: in memory while the process is within its bounds."""
+        assert task.store is not None
+        settings = self.settings
+        # In activity order (RocksDB iterates by id): the table's idle scan, retention and spilling read it as the
+        # least recently active first. One pass keeps only ids and times; the second reads each state again.
+        order: list[tuple[int, str]] = []
+        for cid, value in task.store.items():
+            try:
+                state = store_decode(value)
+            except Exception as exc:  # an unreadable state costs that conversation, never the partition
+                logger.warning("unreadable stored state of conversation %r: %r", cid, exc)
+                continue
+            order.append(((state.completed_ms or state.last_ms) if state.status != OPEN else state.last_ms, cid))
+        order.sort()
+        for _, cid in order:
+            try:
+                found = task.store.get(cid)
+            except Exception as exc:
+                logger.warning("unreadable stored state of conversation %r: %r", cid, exc)
+                continue
+            if found is None:
+                continue
+            state = found
+            resident = not self.memory.over and (
+                state.status != OPEN
+                or open_elsewhere + task.table.resident_open_count < settings.max_open_conversations
+            )
+            task.table.restore(state, cid, resident=resident)
+
+    # -- writes after a commit's changelog writes ------------------------------------------------------------------
+
+    def store_changes(self, task: Task, encoded: dict[str, tuple[str, bytes | None]]) -> None:
+        """The changes the changelog acknowledged, and any the store missed before, into the local store."""
+        if task.store is None or task.table.store is None:
+            return
+        for state in task.table.unstored():
+            if state.id not in encoded:
+                encoded[state.id] = R.encode_state(state)
+        if not encoded:
+            return
+        puts = [(cid, tagged(kind == R.STATE_PACKED, value)) for cid, (kind, value) in encoded.items() if value]
+        try:
+            task.store.write(puts, [cid for cid, (_, value) in encoded.items() if value is None])
+        except StoreError as exc:
+            task.store_failing = True
+            self.store_failed(exc, task.partition)
+            return
+        task.store_failing = False
+        task.table.stored(encoded)
+
+    def checkpoint(self, task: Task) -> None:
+        """The changelog position the store now reflects, once it holds every state the changelog has."""
+        if task.store is None or task.store_failing or task.changelog_acked is None or task.table.unstored():
+            return
+        try:
+            self.directory.write_checkpoint(task.partition, task.changelog_acked, task.positions())
+        except OSError as exc:
+            self.store_failed(exc, task.partition)
