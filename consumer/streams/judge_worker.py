@@ -46,6 +46,7 @@ from . import records as R
 from .instruments import StreamsInstruments
 from .membership import close_leaving, guard_membership
 from .probe import HighwaterProbe
+from .record_collector import close_failed
 from .topics import InternalTopics
 
 logger = logging.getLogger("tracejudge.consumer.judges")
@@ -125,11 +126,7 @@ class JudgeWorker(AsyncConsumerRebalanceListener):
         they lost their state, fails every later send with InitProducerId errors and never recovers)."""
         old = self.producer
         self.producer = self._new_producer()
-        if old is not None:
-            try:
-                old.close(timeout=0)
-            except Exception as exc:
-                logger.warning("closing the failed producer: %r", exc)
+        close_failed(old)
 
     def open(self) -> None:
         settings = self.settings

@@ -89,11 +89,7 @@ class RecordCollector:
         self._failed = False
         old = self.producer
         self.producer = self._new_producer()
-        if old is not None:
-            try:
-                old.close(timeout=0)
-            except Exception as exc:
-                logger.warning("closing the failed producer: %r", exc)
+        close_failed(old)
 
     def send(
         self, topic: str, key: str | bytes, value: bytes | None, kind: str, *, acked: Task | None = None, **kwargs: Any
@@ -150,3 +146,13 @@ class RecordCollector:
                 logger.warning("closing the producer: %r", exc)
         if self.dead_letter is not None:
             self.dead_letter.close(max(0.5, grace_s))
+
+
+def close_failed(producer: KafkaProducer | None) -> None:
+    """Close a producer replaced after a failed send, without waiting for what it still holds (it is sent again)."""
+    if producer is None:
+        return
+    try:
+        producer.close(timeout=0)
+    except Exception as exc:
+        logger.warning("closing the failed producer: %r", exc)
