@@ -117,11 +117,19 @@ class OrphanedLeaderGuard:
 
 class CompletedJoinKeeper:
     """Installed on one KafkaConsumer's group coordinator (outside the orphaned-leader guard); counts the joins it
-    handed on instead of sending a JoinGroup again (`kept`)."""
+    handed on instead of sending a JoinGroup again (`kept`).
+
+    A finished join is handed on only while it is fresh: kafka-python sends no heartbeat from the JoinGroup until
+    join-complete, so a join kept longer than the session timeout (less a heartbeat interval) may belong to a member
+    the coordinator has already expired, whose partitions another member owns by now; such a join is dropped and a
+    new JoinGroup sent, as kafka-python would."""
 
     def __init__(self, coordinator: Any) -> None:
         self._coordinator = coordinator
-        self._finished: tuple[Any, Any] | None = None  # (the generation a finished join was for, its assignment)
+        self._finished: tuple[Any, Any, float] | None = None  # (the generation it was for, assignment, finished at)
+        config = getattr(coordinator, "config", {})
+        fresh_ms = config.get("session_timeout_ms", 10_000) - config.get("heartbeat_interval_ms", 3_000)
+        self._fresh_s = max(0.0, fresh_ms / 1000)
         self.kept = 0
         self._join_and_sync = coordinator._do_join_and_sync_async
         self._join_complete = coordinator._on_join_complete_async
@@ -135,12 +143,17 @@ class CompletedJoinKeeper:
             finished is not None
             and finished[0] == coordinator._generation
             and coordinator.state is MemberState.REBALANCING
-            and not coordinator.coordinator_unknown()
+            and time.monotonic() - finished[2] < self._fresh_s
         ):
             self.kept += 1
+            logger.info(
+                "group %r: a join finished while this consumer was busy; its assignment is applied now instead of "
+                "joining again",
+                getattr(coordinator, "group_id", "?"),
+            )
             return finished[1]
         assignment = await self._join_and_sync()
-        self._finished = (coordinator._generation, assignment)
+        self._finished = (coordinator._generation, assignment, time.monotonic())
         return assignment
 
     async def _applied(self, *args: Any, **kwargs: Any) -> Any:

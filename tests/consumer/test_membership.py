@@ -5,14 +5,17 @@ applied at the next poll with it."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 from kafka import KafkaConsumer
+from kafka.coordinator.base import Generation
+from kafka.structs import MemberState
 
 from tracejudge.consumer.embedded_broker import EmbeddedBroker
 from tracejudge.consumer.streams.membership import (
@@ -181,3 +184,52 @@ def test_the_keeper_applies_a_join_finished_between_polls_at_the_next_poll(
         assert len(rounds) == 1
     finally:
         consumer.close(autocommit=False)
+
+
+class FakeCoordinator:
+    """kafka-python's coordinator as the keeper sees it: a join round that makes a new generation each time."""
+
+    group_id = "g"
+
+    def __init__(self) -> None:
+        self.config = {"session_timeout_ms": SESSION_MS, "heartbeat_interval_ms": 1000}
+        self._generation = Generation.NO_GENERATION
+        self.state = MemberState.UNJOINED
+        self.rounds = 0
+
+    async def _do_join_and_sync_async(self) -> bytes:
+        self.rounds += 1
+        self.state = MemberState.REBALANCING
+        self._generation = Generation(self.rounds, f"m{self.rounds}", "cooperative-sticky")
+        return f"assignment-{self.rounds}".encode()
+
+    async def _on_join_complete_async(self, *args: Any) -> None:
+        self.state = MemberState.STABLE
+
+    def reset_generation(self, member_id: str = "") -> None:
+        self._generation = Generation(-1, member_id, None)
+        self.state = MemberState.UNJOINED
+
+
+def test_the_keeper_hands_on_only_a_fresh_join_for_the_state_it_was_made_in(monkeypatch: pytest.MonkeyPatch) -> None:
+    coordinator = FakeCoordinator()
+    keeper = CompletedJoinKeeper(coordinator)
+    assert asyncio.run(coordinator._do_join_and_sync_async()) == b"assignment-1"
+    assert asyncio.run(coordinator._do_join_and_sync_async()) == b"assignment-1"  # handed on: no second round
+    assert (coordinator.rounds, keeper.kept) == (1, 1)
+
+    def refused_after(change: Callable[[], None]) -> bool:
+        asyncio.run(coordinator._on_join_complete_async())  # what was kept is applied: nothing is kept
+        before = coordinator.rounds
+        asyncio.run(coordinator._do_join_and_sync_async())  # a fresh finished join
+        change()
+        asyncio.run(coordinator._do_join_and_sync_async())
+        return coordinator.rounds == before + 2
+
+    assert refused_after(coordinator.reset_generation)  # left, expired or fenced: UNJOINED
+    assert refused_after(lambda: coordinator.reset_generation(member_id=coordinator._generation.member_id))
+    assert refused_after(lambda: asyncio.run(coordinator._on_join_complete_async()))  # already applied
+    now = time.monotonic()
+    stale = now + SESSION_MS / 1000  # no heartbeat since the join: the coordinator may have expired the member
+    assert refused_after(lambda: monkeypatch.setattr(time, "monotonic", lambda: stale))
+    assert keeper.kept == 1

@@ -25,11 +25,12 @@ from tracejudge.consumer.embedded_broker import EmbeddedBroker
 
 SESSION_S = 20.0
 _SLOW_SESSION = {"TRACEJUDGE_KAFKA_CONFIG": f"session_timeout_ms={int(SESSION_S * 1000)},heartbeat_interval_ms=1000"}
-_MOVES = re.compile(r"partitions (assigned|revoked): \[([\d, ]*)\]")
+_MOVES = re.compile(r"tracejudge\.consumer\.streams: partitions (assigned|revoked|lost): \[([\d, ]*)\]")
 
 
 def owned(replica: Replica) -> set[int]:
-    """The input partitions a replica owns now, replayed from its log's assigned/revoked lines."""
+    """The input partitions a replica owns now, replayed from its stream thread's assigned/revoked/lost lines (not the
+    judge worker's judge-queue lines: another group, assigned apart)."""
     mine: set[int] = set()
     for kind, numbers in _MOVES.findall(replica.log.read_text()):
         partitions = {int(n) for n in numbers.split(",") if n.strip()}
@@ -90,7 +91,7 @@ def test_a_lone_replica_restarted_gracefully_consumes_again_without_waiting_for_
     turns.provider.shutdown()
     stopped = logged_at(first, "stopped: ")
     joining = logged_at(second, "consuming '")
-    assigned = logged_at(second, "partitions assigned: [0, 1, 2]")
+    assigned = logged_at(second, "streams: partitions assigned: [0, 1, 2]")
     print(
         f"\nlone {membership} restart: stop→new process joining {joining - stopped:.1f}s (its start-up), "
         f"joining→assigned {assigned - joining:.1f}s, assigned→first read ≤{read - assigned:.1f}s "
