@@ -6,6 +6,8 @@ Each test states the behaviour the issue and docs/state.md promise; each fails o
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from kafka import TopicPartition
@@ -263,3 +265,88 @@ def test_open_bound_with_an_interleaved_backlog_is_counted_and_ends_whole() -> N
     assert early and task.table.counts["completed_at_bound"] == len(early)
     last = {d.job.conversation_id: [t.span_id.split("-")[1] for t in d.job.exchanges] for d in dispatches}
     assert last == {cid: ["s0", "s1"] for cid in ids}, last
+
+
+def test_after_a_failed_send_is_recovered_from_commits_resume(tmp_path: Path) -> None:
+    """A failed send: the next commit renews the producer and rebuilds the tasks (nothing committed); once they are
+    restored, commits go on. A failure flag that survived the renewal would stop every commit for good."""
+    asm = assembler(state_dir=str(tmp_path))
+    task = asm.state.new_task(0)
+    task.restoring = False
+    task.input_position = 5
+    asm.tasks = {0: task}
+    producer = asm.collector.producer
+    assert isinstance(producer, FakeProducer)
+    producer.fail = lambda topic, partition: topic == asm.topics.judge_queue
+    task.table.apply(turn("c", 0), 1000)
+    task.table.apply(end("c"), 1000)
+    asm.processor.dispatch(asm.tasks.values())
+    assert asm.collector.failed
+    asm.commit()  # renewal + recovery, nothing committed
+    group = asm.group
+    assert isinstance(group, FakeGroup) and group.commits == []
+    assert not asm.collector.failed, "the renewal clears the failure"
+    assert asm.collector.producer is not producer
+    asm.complete_restorations()  # FakeSide: an empty changelog
+    fresh = asm.tasks[0]
+    assert fresh is not task and not fresh.restoring
+    fresh.input_position = 5
+    asm.commit()
+    assert group.commits and group.commits[-1], group.commits
+
+
+class _Acked:
+    """A send's future that answers at once: acknowledged with an offset, or failed."""
+
+    def __init__(self, error: Exception | None, offset: int | None) -> None:
+        self.error, self.offset = error, offset
+
+    def add_errback(self, fn: Any) -> _Acked:
+        if self.error is not None:
+            fn(self.error)
+        return self
+
+    def add_callback(self, fn: Any) -> _Acked:
+        if self.error is None:
+            fn(SimpleNamespace(offset=self.offset))
+        return self
+
+
+def test_no_checkpoint_past_an_unacknowledged_positions_record(tmp_path: Path) -> None:
+    """Step three: the checkpoint moves only once the positions record it carries was acknowledged."""
+    asm = assembler(state_dir=str(tmp_path))
+    task = asm.state.new_task(0)
+    task.restoring = False
+    asm.tasks = {0: task}
+    producer = asm.collector.producer
+    assert isinstance(producer, FakeProducer)
+    state: dict[str, Any] = {"n": 0, "fail_positions": False}
+
+    def send(topic: str, *, key: bytes | None = None, value: Any = None, headers: Any = None, **kw: Any) -> _Acked:
+        state["n"] += 1
+        if state["fail_positions"] and key == b"\x00tracejudge.positions":
+            return _Acked(RuntimeError("positions write failed"), None)
+        return _Acked(None, state["n"])
+
+    producer.send = send  # type: ignore[method-assign]
+    task.table.apply(turn("c", 0), 1000)
+    task.input_position = 1
+    asm.commit()
+    first = asm.state.directory.read_checkpoint(0)
+    assert first is not None and first["positions"]["input"] == 1, first
+    state["fail_positions"] = True
+    task.table.apply(turn("c", 1), 1001)
+    task.input_position = 2
+    asm.commit()
+    group = asm.group
+    assert isinstance(group, FakeGroup)
+    assert [c for c in group.commits if any(m.offset == 2 for m in c.values())] == []
+    assert asm.state.directory.read_checkpoint(0)["positions"]["input"] == 1  # type: ignore[index]
+
+
+def test_the_stream_clock_watches_the_span_topic_and_the_repartition_topic() -> None:
+    """The clock's caught-up check reads each topic's own high watermark: swapped, it would call a lagging input
+    caught up."""
+    asm = assembler()
+    assert (asm.clock.topic, asm.clock.repartition) == (asm.settings.topic, asm.topics.repartition)
+    assert asm.clock.topic != asm.clock.repartition
