@@ -7,7 +7,10 @@ with a checkpoint of the changelog position is a valid starting point for the ne
 are the codec's bytes behind a one-byte tag: MessagePack, or JSON for what MessagePack cannot carry.
 
 Every write error is a `StoreError` (a full disk: `disk_full`): the caller keeps the conversations in memory, counts
-and says it; nothing is lost, the changelog still has them.
+and says it; nothing is lost, the changelog still has them. RocksDB refuses every write after one failed ("Writer has
+previous error") until it is reopened, and reopening flushes its log, so it fails while the disk is still full: the
+next write reopens the store first, and until that succeeds the store is open read-only (conversations on disk are
+still read back).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import shutil
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from rocksdict import Options, Rdict, WriteBatch
+from rocksdict import AccessType, Options, Rdict, WriteBatch
 
 from . import codec
 from .table import ConversationState
@@ -70,6 +73,7 @@ class LocalStore:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._db = self._open()
+        self._broken = False  # a write failed: RocksDB takes no other before it is reopened
 
     def _open(self) -> Rdict:
         try:
@@ -78,12 +82,29 @@ class LocalStore:
         except Exception as exc:
             raise StoreError(f"cannot open the local store at {self.path}: {exc}", _reason(exc)) from exc
 
+    def _reopen(self) -> None:
+        """After a failed write: open the store again (read-write); while that fails (the disk is still full),
+        read-only, so what is on disk is still read back."""
+        self.close()
+        try:
+            self._db = self._open()
+        except StoreError:
+            try:
+                self._db = Rdict(str(self.path), options=Options(raw_mode=True), access_type=AccessType.read_only())
+            except Exception:  # nor read-only: reads fail too until the disk is back
+                pass
+            raise
+        self._broken = False
+
     def get(self, conversation_id: str) -> ConversationState | None:
         value = self._db.get(_key(conversation_id))
         return None if value is None else decode(value)
 
     def write(self, puts: Iterable[tuple[str, bytes]], deletes: Iterable[str] = ()) -> None:
-        """Encoded states (`encode`) and forgotten ids, in one atomic batch."""
+        """Encoded states (`encode`) and forgotten ids, in one atomic batch (all or none: a failed one is retried
+        whole)."""
+        if self._broken:
+            self._reopen()
         batch = WriteBatch(raw_mode=True)
         for cid, value in puts:
             batch.put(_key(cid), value)
@@ -92,6 +113,7 @@ class LocalStore:
         try:
             self._db.write(batch)
         except Exception as exc:
+            self._broken = True
             raise StoreError(f"writing the local store at {self.path} failed: {exc}", _reason(exc)) from exc
 
     def items(self) -> Iterator[tuple[str, bytes]]:
@@ -111,3 +133,4 @@ class LocalStore:
         self.close()
         shutil.rmtree(self.path, ignore_errors=True)
         self._db = self._open()
+        self._broken = False
