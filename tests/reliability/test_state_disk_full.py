@@ -27,6 +27,7 @@ from tests.consumer.test_pipeline import scripted_judge
 from tests.reliability.test_state_windows import Replica
 from tests.support.judge_server import JudgeServer, conversation_text, metric_of
 from tests.support.pipeline import play, traced_app, wait_for
+from tracejudge.consumer.conversation import store as store_module
 from tracejudge.consumer.conversation.store import LocalStore, StoreError, decode, encode
 from tracejudge.consumer.embedded_broker import EmbeddedBroker
 from tracejudge.consumer.streams.partitioner import state_partition
@@ -72,9 +73,13 @@ def tiny_disk(tmp_path: Path) -> Iterator[Volume]:
             subprocess.run(["umount", "-l", str(path)], capture_output=True)  # a straggler still holds a file
 
 
-def test_the_store_reopens_after_a_full_disk_and_writes_again(tiny_disk: Volume) -> None:
+def test_the_store_reopens_after_a_full_disk_and_writes_again(
+    tiny_disk: Volume, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """RocksDB itself: after a failed write every later one fails ("Writer has previous error") on the same handle,
-    and reopening fails while the disk is full; the store stays readable, and once there is room it writes again."""
+    and reopening fails while the disk is full; the store stays readable, tries to reopen at most every
+    REOPEN_EVERY_S (each attempt replays its log, and leaves an info log behind: kept to a few), and once there is
+    room it writes again."""
     store = LocalStore(tiny_disk.path / "db")
     state = state_with_everything()
     value = encode(state)
@@ -87,8 +92,18 @@ def test_the_store_reopens_after_a_full_disk_and_writes_again(tiny_disk: Volume)
     assert written > 0
     with pytest.raises(StoreError) as still:
         store.write([("after", value)])  # reopening needs room too
-    assert still.value.reason == "disk_full"
+    assert still.value.reason == "disk_full" and "cannot open" in str(still.value)
+    with pytest.raises(StoreError) as waiting:
+        store.write([("after", value)])  # the next attempt waits REOPEN_EVERY_S
+    assert waiting.value.reason == "disk_full" and "reopens within" in str(waiting.value)
     assert store.get("c0-0") == state  # read-only meanwhile: what is on disk is still read back
+    monkeypatch.setattr(store_module, "REOPEN_EVERY_S", 0.0)  # every write tries to reopen
+    for _ in range(30):
+        with pytest.raises(StoreError):
+            store.write([("after", value)])
+    info_logs = [name for name in os.listdir(store.path) if name.startswith("LOG")]
+    # LOG, the kept old ones, and one each that the last read-write and read-only attempts rotated
+    assert len(info_logs) <= store_module.KEEP_INFO_LOGS + 2, f"{len(info_logs)} info logs left by failed reopens"
     tiny_disk.grow(GROWN)
     store.write([("after", value)], ["c0-0"])  # the same LocalStore, no restart
     assert store.get("after") == state and store.get("c0-0") is None
