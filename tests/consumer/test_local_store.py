@@ -209,3 +209,28 @@ def test_a_failed_store_write_keeps_its_deletions_for_the_next_one(tmp_path: Pat
     restarted = asm.state.new_task(0)  # a restart on this disk: the store is trusted (checkpoint) and lacks it
     assert restarted.store is not None and [cid for cid, _ in restarted.store.items()] == ["other"]
     restarted.store.close()
+
+
+def test_a_forgotten_conversation_back_before_its_deletion_was_stored_keeps_its_new_state(tmp_path: Path) -> None:
+    """The retried deletion never wins over a later state: a turn that reopens the id before the store took the
+    deletion is what the store holds afterwards."""
+    asm = assembler(state_dir=str(tmp_path))
+    task = asm.state.new_task(0)
+    assert task.store is not None
+    task.store.close()
+    store = FailsNextWrite(task.store.path)
+    task.store = task.table.store = store
+    task.restoring = False
+    task.table.apply(turn("back", 0), 1000)
+    task.table.apply(end("back"), 1000)
+    task.table.advance(10_000)
+    commit_to_store(asm, task, 1)
+    assert task.table.forget_oldest_completed()
+    store.fail_next = True
+    commit_to_store(asm, task, 2)
+    task.table.apply(turn("back", 5), 20_000)  # the id again, a new conversation
+    commit_to_store(asm, task, 3)
+    kept = store.get("back")
+    assert kept is not None and list(kept.spans) == ["back-s5"]
+    assert task.table.unstored_removed() == []
+    store.close()
