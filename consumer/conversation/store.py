@@ -7,7 +7,10 @@ with a checkpoint of the changelog position is a valid starting point for the ne
 are the codec's bytes behind a one-byte tag: MessagePack, or JSON for what MessagePack cannot carry.
 
 Every write error is a `StoreError` (a full disk: `disk_full`): the caller keeps the conversations in memory, counts
-and says it; nothing is lost, the changelog still has them.
+and says it; nothing is lost, the changelog still has them. RocksDB refuses every write after one failed ("Writer has
+previous error") until it is reopened, and reopening flushes its log, so it fails while the disk is still full: the
+next write reopens the store first (at most every `REOPEN_EVERY_S`: each attempt replays RocksDB's log), and until
+that succeeds the store is open read-only (conversations on disk are still read back).
 """
 
 from __future__ import annotations
@@ -15,15 +18,18 @@ from __future__ import annotations
 import errno
 import json
 import shutil
+import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from rocksdict import Options, Rdict, WriteBatch
+from rocksdict import AccessType, Options, Rdict, WriteBatch
 
 from . import codec
 from .table import ConversationState
 
 _PACKED, _JSON = b"\x01", b"\x02"
+REOPEN_EVERY_S = 5.0
+KEEP_INFO_LOGS = 5  # each open rotates RocksDB's LOG; failed reopens on a full disk would leave hundreds
 
 
 class StoreError(Exception):
@@ -70,20 +76,51 @@ class LocalStore:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._db = self._open()
+        self._broken: StoreError | None = None  # a write failed: RocksDB takes no other before it is reopened
+        self._reopened_at = 0.0
+
+    @staticmethod
+    def _options() -> Options:
+        options = Options(raw_mode=True)
+        options.set_keep_log_file_num(KEEP_INFO_LOGS)
+        return options
 
     def _open(self) -> Rdict:
         try:
             self.path.mkdir(parents=True, exist_ok=True)
-            return Rdict(str(self.path), options=Options(raw_mode=True))
+            return Rdict(str(self.path), options=self._options())
         except Exception as exc:
             raise StoreError(f"cannot open the local store at {self.path}: {exc}", _reason(exc)) from exc
+
+    def _reopen(self, failed: StoreError) -> None:
+        """After a failed write: open the store again (read-write); while that fails (the disk is still full),
+        read-only, so what is on disk is still read back. Between attempts the last error stands."""
+        if time.monotonic() - self._reopened_at < REOPEN_EVERY_S:
+            raise StoreError(f"{failed} (the store reopens within {REOPEN_EVERY_S:.0f}s)", failed.reason)
+        self._reopened_at = time.monotonic()
+        self.close()
+        for info_log in sorted(self.path.glob("LOG.old.*"))[:-KEEP_INFO_LOGS]:  # a failed open purges none
+            info_log.unlink(missing_ok=True)
+        try:
+            self._db = self._open()
+        except StoreError as exc:
+            self._broken = exc
+            try:
+                self._db = Rdict(str(self.path), options=self._options(), access_type=AccessType.read_only())
+            except Exception:  # nor read-only: reads fail too until the disk is back
+                pass
+            raise
+        self._broken = None
 
     def get(self, conversation_id: str) -> ConversationState | None:
         value = self._db.get(_key(conversation_id))
         return None if value is None else decode(value)
 
     def write(self, puts: Iterable[tuple[str, bytes]], deletes: Iterable[str] = ()) -> None:
-        """Encoded states (`encode`) and forgotten ids, in one atomic batch."""
+        """Encoded states (`encode`) and forgotten ids, in one atomic batch (all or none: a failed one is retried
+        whole)."""
+        if self._broken is not None:
+            self._reopen(self._broken)
         batch = WriteBatch(raw_mode=True)
         for cid, value in puts:
             batch.put(_key(cid), value)
@@ -92,7 +129,8 @@ class LocalStore:
         try:
             self._db.write(batch)
         except Exception as exc:
-            raise StoreError(f"writing the local store at {self.path} failed: {exc}", _reason(exc)) from exc
+            self._broken = StoreError(f"writing the local store at {self.path} failed: {exc}", _reason(exc))
+            raise self._broken from exc
 
     def items(self) -> Iterator[tuple[str, bytes]]:
         """Every conversation id and its encoded state."""
@@ -111,3 +149,4 @@ class LocalStore:
         self.close()
         shutil.rmtree(self.path, ignore_errors=True)
         self._db = self._open()
+        self._broken = None

@@ -185,6 +185,7 @@ class ConversationTable:
         self._spilled: set[str] = set()  # in the store only
         self._spilled_open = 0  # of which open
         self._unstored: set[str] = set()  # in memory, changed since the store last got them
+        self._unstored_removed: set[str] = set()  # forgotten, their deletion not yet in the store (a write failed)
         self._open: OrderedDict[str, None] = OrderedDict()  # by last activity (record time, roughly ordered)
         self._completed: OrderedDict[str, None] = OrderedDict()  # by completion
         self._dirty: set[str] = set()
@@ -408,9 +409,16 @@ class ConversationTable:
         """Conversations in memory whose latest state the store has not got (changed, or a store write failed)."""
         return [self.states[cid] for cid in self._unstored if cid in self.states]
 
+    def unstored_removed(self) -> list[str]:
+        """Conversations forgotten whose deletion the store has not got (a store write failed): else they would come
+        back from the store, as completed, after a restart."""
+        return list(self._unstored_removed)
+
     def stored(self, conversation_ids: Iterable[str]) -> None:
-        """The store now holds these conversations as they are (and the changelog too): they may leave memory."""
+        """The store now holds these conversations as they are, or no longer holds the forgotten ones (and the
+        changelog too): they may leave memory."""
         for cid in conversation_ids:
+            self._unstored_removed.discard(cid)
             if cid not in self._dirty:
                 self._unstored.discard(cid)
 
@@ -450,6 +458,7 @@ class ConversationTable:
             self.memory.used -= old.size
         self._unspill(conversation_id)
         self._unstored.discard(conversation_id)
+        self._unstored_removed.discard(conversation_id)
         self._open.pop(conversation_id, None)
         self._completed.pop(conversation_id, None)
         self._ending.pop(conversation_id, None)
@@ -479,6 +488,7 @@ class ConversationTable:
         self._spilled.clear()
         self._spilled_open = 0
         self._unstored.clear()
+        self._unstored_removed.clear()
         self._open.clear()
         self._completed.clear()
         self._outbox.clear()
@@ -496,6 +506,7 @@ class ConversationTable:
         self._dirty.add(state.id)
         if self.store is not None:
             self._unstored.add(state.id)
+            self._unstored_removed.discard(state.id)  # back again: its state replaces the deletion
 
     def _add_turn(self, state: ConversationState, turn: Turn) -> None:
         # Surrounding whitespace is nobody's words (Strands' str(AgentResult) ends in a newline).
@@ -643,6 +654,8 @@ class ConversationTable:
         self._completed.pop(state.id, None)
         self._dirty.discard(state.id)
         self._removed.add(state.id)
+        if self.store is not None:
+            self._unstored_removed.add(state.id)
         self.counts[f"forgotten_{reason}"] += 1
 
     def oldest_completed_ms(self) -> int | None:

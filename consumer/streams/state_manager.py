@@ -238,6 +238,8 @@ class StateManager:
         for state in task.table.unstored():
             if state.id not in encoded:
                 encoded[state.id] = R.encode_state(state)
+        for cid in task.table.unstored_removed():  # deletions a failed write missed (a later state wins)
+            encoded.setdefault(cid, (R.STATE_PACKED, None))
         if not encoded:
             return
         puts = [(cid, tagged(kind == R.STATE_PACKED, value)) for cid, (kind, value) in encoded.items() if value]
@@ -247,12 +249,17 @@ class StateManager:
             task.store_failing = True
             self.store_failed(exc, task.partition)
             return
+        if task.store_failing:
+            logger.info("partition %d: the local store under --state-dir writes again", task.partition)
         task.store_failing = False
         task.table.stored(encoded)
 
     def checkpoint(self, task: Task) -> None:
         """The changelog position the store now reflects, once it holds every state the changelog has."""
-        if task.store is None or task.store_failing or task.changelog_acked is None or task.table.unstored():
+        table = task.table
+        if task.store is None or task.store_failing or task.changelog_acked is None:
+            return
+        if table.unstored() or table.unstored_removed():
             return
         try:
             self.directory.write_checkpoint(task.partition, task.changelog_acked, task.positions())

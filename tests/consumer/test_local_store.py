@@ -152,3 +152,85 @@ def test_a_store_without_a_fresh_checkpoint_is_wiped_not_trusted(tmp_path: Path)
     stale = asm.state.new_task(0)  # older than a day: wiped, restored from the changelog's start
     assert stale.store is not None and list(stale.store.items()) == []
     assert stale.changelog_position == 0
+
+
+class FailsNextWrite(LocalStore):
+    """A store whose next write fails as a full disk does (after it, RocksDB would need reopening; this one not)."""
+
+    fail_next = False
+
+    def write(self, puts: Any, deletes: Any = ()) -> None:
+        if self.fail_next:
+            self.fail_next = False
+            raise StoreError("IO error: No space left on device", "disk_full")
+        super().write(puts, deletes)
+
+
+def commit_to_store(asm: Any, task: Any, changelog_offset: int) -> None:
+    """The store's half of a commit (`Committer.flush` after the changelog acknowledged): changes, then the store."""
+    from tracejudge.consumer.streams import records as R
+
+    changed, removed = task.table.take_changes()
+    encoded = {state.id: R.encode_state(state) for state in changed}
+    encoded.update({cid: (R.STATE_PACKED, None) for cid in removed})
+    asm.state.store_changes(task, encoded)
+    task.changelog_acked = changelog_offset
+    asm.state.checkpoint(task)
+
+
+def test_a_failed_store_write_keeps_its_deletions_for_the_next_one(tmp_path: Path) -> None:
+    """A write that fails takes a forgotten conversation's deletion with it; the next write must carry it, else the
+    store keeps the conversation and a restart on that disk brings it back as completed (review of issue 32)."""
+    asm = assembler(state_dir=str(tmp_path))
+    task = asm.state.new_task(0)
+    assert task.store is not None
+    task.store.close()
+    store = FailsNextWrite(task.store.path)  # the partition's own store, as a restart opens it
+    task.store = task.table.store = store
+    task.restoring = False
+    task.table.apply(turn("gone", 0), 1000)
+    task.table.apply(end("gone"), 1000)
+    task.table.advance(10_000)
+    assert task.table.take_dispatches()  # completed
+    commit_to_store(asm, task, 1)
+    assert store.get("gone") is not None  # kept for continuations, in the store too
+    assert task.table.forget_oldest_completed()  # forgotten (here by the byte bound; retention alike)
+    store.fail_next = True
+    commit_to_store(asm, task, 2)  # the tombstone's write fails: counted, the checkpoint stays where it was
+    assert task.store_failing and asm.state.directory.read_checkpoint(0)["changelog"] == 1
+    assert asm.instruments.store_errors.labels(reason="disk_full")._value.get() == 1
+    task.table.apply(turn("other", 0), 20_000)  # the next commit has something else to write
+    commit_to_store(asm, task, 3)
+    assert not task.store_failing
+    assert store.get("gone") is None, "the failed batch's deletion was dropped: the store still holds it"
+    assert store.get("other") is not None
+    assert asm.state.directory.read_checkpoint(0)["changelog"] == 3
+    store.close()
+    restarted = asm.state.new_task(0)  # a restart on this disk: the store is trusted (checkpoint) and lacks it
+    assert restarted.store is not None and [cid for cid, _ in restarted.store.items()] == ["other"]
+    restarted.store.close()
+
+
+def test_a_forgotten_conversation_back_before_its_deletion_was_stored_keeps_its_new_state(tmp_path: Path) -> None:
+    """The retried deletion never wins over a later state: a turn that reopens the id before the store took the
+    deletion is what the store holds afterwards."""
+    asm = assembler(state_dir=str(tmp_path))
+    task = asm.state.new_task(0)
+    assert task.store is not None
+    task.store.close()
+    store = FailsNextWrite(task.store.path)
+    task.store = task.table.store = store
+    task.restoring = False
+    task.table.apply(turn("back", 0), 1000)
+    task.table.apply(end("back"), 1000)
+    task.table.advance(10_000)
+    commit_to_store(asm, task, 1)
+    assert task.table.forget_oldest_completed()
+    store.fail_next = True
+    commit_to_store(asm, task, 2)
+    task.table.apply(turn("back", 5), 20_000)  # the id again, a new conversation
+    commit_to_store(asm, task, 3)
+    kept = store.get("back")
+    assert kept is not None and list(kept.spans) == ["back-s5"]
+    assert task.table.unstored_removed() == []
+    store.close()
