@@ -133,7 +133,10 @@ def parse_answer(text: str, labels: frozenset[str]) -> JudgeAnswer:
 _ADVICE = {
     ERROR_AUTH: "check the provider's API key (e.g. OPENAI_API_KEY) and its permissions for this model",
     ERROR_BAD_REQUEST: "check the judge model name and the provider's message; retrying cannot help",
-    ERROR_CLIENT: "check the judge model string and its provider's configuration",
+    ERROR_CLIENT: (
+        "check the judge model string and its provider's configuration (an API key with a newline, whitespace or "
+        "non-ASCII characters cannot be sent)"
+    ),
     ERROR_CONNECTION: "check that the judge endpoint (e.g. OPENAI_BASE_URL) is reachable",
     ERROR_SERVER: "the judge's server is failing (retryable): check the provider's status",
     ERROR_RATE_LIMITED: "the provider is rate-limiting: lower the judge concurrency or requests per minute",

@@ -94,6 +94,19 @@ def _no_connection(exc: BaseException) -> bool:
     return False
 
 
+def unsent_request(exc: BaseException) -> str | None:
+    """Why the HTTP client could not even send the request, or None: a header value HTTP does not allow (an API key
+    with a newline or surrounding whitespace: h11's LocalProtocolError, which LiteLLM reports as "Connection error.")
+    or cannot encode (a non-ASCII character: UnicodeEncodeError, reported as a 500). The header itself is never
+    repeated: it holds the key."""
+    for link in _causes(exc):
+        if isinstance(link, UnicodeEncodeError):
+            return f"a header holds {link.object[link.start : link.end]!r}, which {link.encoding} cannot encode"
+        if type(link).__name__ == "LocalProtocolError":
+            return re.split(r"\s+b['\"]", str(link), maxsplit=1)[0].strip() or "a header HTTP does not allow"
+    return None
+
+
 def classify_litellm_error(exc: BaseException) -> JudgeCallError:
     """Sort a LiteLLM/OpenAI exception into a retryable or final reason."""
     status = getattr(exc, "status_code", None)
@@ -103,6 +116,9 @@ def classify_litellm_error(exc: BaseException) -> JudgeCallError:
         return JudgeCallError(ERROR_TIMEOUT, message, retryable=True)
     if _MISSING_CREDENTIALS.search(str(exc)):
         return JudgeCallError(ERROR_AUTH, message, retryable=False)
+    unsent = unsent_request(exc)
+    if unsent is not None:  # not a connection or server problem: the same request can never be sent
+        return JudgeCallError(ERROR_CLIENT, f"{name}: the request was not sent: {unsent}", retryable=False)
     if status == 429 or "RateLimit" in name:
         return JudgeCallError(ERROR_RATE_LIMITED, message, retryable=True, retry_after=_retry_after_seconds(exc))
     if "Connection" in name or _no_connection(exc):

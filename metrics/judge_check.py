@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from ._errors import JudgeCallError
 from ._litellm import _import_litellm, litellm_model_string
-from ._provider_errors import classify_litellm_error
+from ._provider_errors import classify_litellm_error, unsent_request
 from ._results import ERROR_RATE_LIMITED
 
 __all__ = [
@@ -21,6 +21,8 @@ __all__ = [
     "check_judge_model",
     "judge_endpoint",
     "judge_model_problem",
+    "key_flaw",
+    "unsent_request",
 ]
 
 PROVIDERS_URL = "https://docs.litellm.ai/docs/providers"
@@ -69,7 +71,8 @@ class JudgeEndpoint:
     `"PROVIDER's API"` when LiteLLM keeps it to itself), and `key_variable` (the environment variable its key is read
     from), for the fix a refusal names. `key_missing`: LiteLLM has no key to send (refused before any request);
     `key_state`: `key_variable` in the environment, `set`, `empty` or `unset`: a server that refuses a key is told
-    apart from a key that never was."""
+    apart from a key that never was; `key_flaw`: what in a set key no server accepts (a newline, whitespace,
+    non-ASCII characters), or None."""
 
     litellm_model: str
     provider: str
@@ -77,6 +80,32 @@ class JudgeEndpoint:
     key_variable: str
     key_missing: bool
     key_state: str = "unset"
+    key_flaw: str | None = None
+
+
+def key_flaw(value: str) -> str | None:
+    """What in an API key's value no server accepts, in words (`contains a newline at its end`), or None: a key is
+    one line of printable ASCII without spaces. The key itself is never quoted."""
+    if value and value.isspace():
+        return "holds only whitespace"
+    flaws = []
+    if any(c in "\r\n" for c in value):
+        flaws.append("a newline")
+    if any(c.isspace() and c not in "\r\n" for c in value):
+        flaws.append("whitespace")
+    foreign = sorted({c for c in value if not c.isascii()})
+    if foreign:
+        chars = ", ".join(f"{c!r} U+{ord(c):04X}" for c in foreign[:3])
+        flaws.append(f"non-ASCII characters ({chars})" if len(foreign) > 1 else f"a non-ASCII character ({chars})")
+    if any(not c.isprintable() and not c.isspace() for c in value):
+        flaws.append("control characters")
+    if not flaws:
+        return None
+    stripped, where = value.strip(), ""
+    if stripped and all(c.isascii() and c.isprintable() and not c.isspace() for c in stripped):
+        ends = value != value.lstrip(), value != value.rstrip()
+        where = {(False, True): " at its end", (True, False): " at its start"}.get(ends, " at its start and end")
+    return f"contains {' and '.join(flaws)}{where}"
 
 
 def judge_endpoint(model: str) -> JudgeEndpoint:
@@ -105,4 +134,5 @@ def judge_endpoint(model: str) -> JudgeEndpoint:
     key_state = "unset" if value is None else "set" if value else "empty"
     # An empty variable is no key (LiteLLM refuses locally), though validate_environment counts it as present.
     missing_key = bool(missing) or key_state == "empty"
-    return JudgeEndpoint(litellm_model, str(provider), str(url), key_variable, missing_key, key_state)
+    flaw = key_flaw(value) if value else None
+    return JudgeEndpoint(litellm_model, str(provider), str(url), key_variable, missing_key, key_state, flaw)

@@ -373,8 +373,14 @@ def run_backfill(namespace: argparse.Namespace) -> int:
         return EXIT_USAGE
     configure_logging(settings.log_level, settings.log_format)
     if not getattr(namespace, "dry_run", False):  # a dry run judges nothing: no judge check
+        from ..app import tier_problem
         from .judge_check import refuse_judge
 
+        # Configuration first (exit 2 before connecting to anything): a tier the provider lacks, then the judge (3).
+        problem = tier_problem(settings.model_copy(update={"shadow_judge_model": None}))  # no shadow in backfill
+        if problem is not None:
+            print(f"tracejudge backfill: {problem}", file=sys.stderr)
+            return EXIT_USAGE
         refused = refuse_judge(settings)
         if refused is not None:
             return refused

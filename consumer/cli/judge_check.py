@@ -3,8 +3,8 @@ call answered, all before any record is read; otherwise one line on stderr and a
 
 Importing LiteLLM here, before the consumer is ready, also moves its import (seconds) out of the first judgement's
 latency. A model string no provider routes is a configuration error (exit 2); a judge that cannot answer the check
-(missing or wrong credentials, a model that does not exist, nothing listening, a server answering 500) exits 3 with
-a line that names the URL and model it tried, the cause, and that cause's fix.
+(missing or wrong credentials, a key HTTP cannot carry, a model that does not exist, nothing listening, a server
+answering 500) exits 3 with a line that names the URL and model it tried, the cause, and that cause's fix.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from tracejudge.metrics.judge_check import (
     check_judge_model,
     judge_endpoint,
     judge_model_problem,
+    unsent_request,
 )
 
 from ..settings import Settings
@@ -41,7 +42,10 @@ def judge_config_error(settings: Settings) -> str | None:
 
 def _provider_message(exc: JudgeCallError) -> str:
     """What the provider (or LiteLLM) said, once: LiteLLM's `litellm.XError: XError: OpenAIException - ` prefixes
-    dropped."""
+    dropped; for a request never sent, why (without the header: it holds the key)."""
+    unsent = unsent_request(exc)
+    if unsent is not None:  # LiteLLM says "Connection error." to a request that was never sent
+        return _one_line(unsent, 160)
     text = str(exc.__cause__ if exc.__cause__ is not None else exc)
     text = re.sub(r"^litellm\.\w+:\s*", "", text.strip())
     for _ in range(3):
@@ -63,8 +67,30 @@ def _cause_and_fix(exc: JudgeCallError, where: JudgeEndpoint, model: str, flag: 
     url, status = where.url, _status(exc)
     said = _provider_message(exc)
     code = f" (HTTP {status})" if status else ""
-    if exc.kind == "auth" and (where.key_missing or status not in (401, 403)):
-        # No key reached the server: LiteLLM refused before any request (its "Missing credentials", as a 500).
+    unsent = unsent_request(exc)
+    rejected = exc.kind == "auth" and status in (401, 403)
+    if where.key_flaw is not None and (unsent is not None or rejected):
+        # The key's own content, exactly: not a server that is down (h11 refused the header: "Connection error.") or
+        # failing (a non-ASCII character: a 500 no server sent), nor a key the server merely does not know.
+        how = f"{url} rejected it{code}" if rejected else "it cannot be sent in an HTTP header"
+        them = "them" if " and " in where.key_flaw or "characters" in where.key_flaw else "it"
+        remove = "set it to the key itself" if where.key_flaw.startswith("holds only") else f"remove {them}"
+        return (
+            f"{where.key_variable} {where.key_flaw}, so {how}",
+            f"{remove} (a key is one line of ASCII without spaces; a secret made from a file often keeps the "
+            "file's newline)",
+        )
+    if unsent is not None:
+        return (
+            f"LiteLLM could not send the request to {url} ({unsent})",
+            "remove newlines, whitespace and non-ASCII characters from the provider's settings (API key, "
+            "organization, extra headers)",
+        )
+    if exc.kind == "auth" and (
+        where.key_missing or (status not in (401, 403) and (where.key_state != "set" or status is None))
+    ):
+        # No key reached the server: LiteLLM refused before any request (its "Missing credentials", as a 500). A key
+        # that is set and was sent is not this case, whatever a server's words ("No API key provided") say.
         local = (
             " (a local server that checks no key takes any value, e.g. placeholder)"
             if "openai" in where.provider
@@ -75,21 +101,25 @@ def _cause_and_fix(exc: JudgeCallError, where: JudgeEndpoint, model: str, flag: 
             f"no API key for {where.litellm_model} at {url} ({where.key_variable} {state})",
             f"set {where.key_variable}{local}",
         )
-    if exc.kind == "auth":  # the server answered 401/403 to the key it was sent, whatever words it chose
+    kind = exc.kind
+    if kind == "auth" and status not in (401, 403) and status is not None:
+        # The server's words said no key ("No API key provided") to a key that was sent: its status decides.
+        kind = "server_error" if status >= 500 else "bad_request"
+    if kind == "auth":  # the server answered 401/403 to the key it was sent, whatever words it chose
         if where.key_state == "set":
             return (
                 f"{url} rejected the API key set in {where.key_variable}{code}",
                 f"check that {where.key_variable} holds a key this server accepts, with access to {model!r}",
             )
         return f"{url} rejected the credentials LiteLLM sent{code}", f"check the provider's credentials for {model!r}"
-    if exc.kind == "connection":
+    if kind == "connection":
         return (
             f"nothing answers at {url}",
             "start the server, or point OPENAI_BASE_URL at the one you run"
             if where.provider == "openai"
             else "check the network and the provider's endpoint",
         )
-    if exc.kind == "timeout":
+    if kind == "timeout":
         return f"no answer from {url} within {timeout:g} s", "check the server's load, or raise --judge-timeout"
     if status == 404 or "NotFound" in type(exc.__cause__).__name__ or _NOT_FOUND.search(said):
         listing = f"GET {url.rstrip('/')}/models" if url.startswith("http") else "the provider's model list"
@@ -97,17 +127,17 @@ def _cause_and_fix(exc: JudgeCallError, where: JudgeEndpoint, model: str, flag: 
             f"{url} does not serve the model {where.litellm_model.partition('/')[2] or model!r}{code}",
             f"name one it serves with {flag} (see {listing}; on Ollama, `ollama pull` it first)",
         )
-    if exc.kind == "server_error" and _NOT_AN_API.search(said):
+    if kind == "server_error" and _NOT_AN_API.search(said):
         return (
             f"{url} answered, but not as an OpenAI-compatible API",
             "check that OPENAI_BASE_URL is the API's base URL (it often ends in /v1)",
         )
-    if exc.kind == "server_error":
+    if kind == "server_error":
         return (
             f"{url} answered with a server error{code}",
             "see that server's log (a model still loading answers so too: try again)",
         )
-    if exc.kind == "bad_request":
+    if kind == "bad_request":
         return f"{url} refused the request{code}", f"check {flag} and the server's message"
     return f"LiteLLM could not call {where.litellm_model}", f"check {flag} and its provider's settings"
 

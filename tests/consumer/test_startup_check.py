@@ -21,7 +21,7 @@ import pytest
 from tests.support.judge_server import JudgeServer, Reply, verdict
 from tracejudge.consumer.cli import main
 from tracejudge.consumer.cli.options import EXIT_JUDGE_UNAVAILABLE, EXIT_USAGE
-from tracejudge.metrics.judge_check import judge_model_problem
+from tracejudge.metrics.judge_check import JudgeCallError, check_judge_model, judge_model_problem
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -177,6 +177,20 @@ def test_no_judge_check_from_the_environment_goes_on_to_kafka(judge_server: Judg
             "{url} answered with a server error (HTTP 503)",
             "see that server's log",
         ),
+        # A key was set and sent: a server whose words say "no key" (a proxy missing its upstream key, one reading
+        # another header) is not told "set OPENAI_API_KEY"; its status decides the line.
+        (
+            _error(500, "Upstream: API key missing for provider"),
+            "auth",
+            "{url} answered with a server error (HTTP 500)",
+            "see that server's log",
+        ),
+        (
+            _error(400, "No API key provided in header x-api-key"),
+            "auth",
+            "{url} refused the request (HTTP 400)",
+            "check --judge-model and the server's message",
+        ),
     ],
     ids=[
         "model-not-found",
@@ -186,6 +200,8 @@ def test_no_judge_check_from_the_environment_goes_on_to_kafka(judge_server: Judg
         "key-without-access",
         "not-an-api",
         "server-error",
+        "no-key-words-in-a-500",
+        "no-key-words-in-a-400",
     ],
 )
 def test_consume_refuses_a_judge_that_cannot_answer_naming_url_cause_and_fix(
@@ -263,6 +279,62 @@ def test_missing_key_is_auth_at_startup(
     assert "Missing credentials" in line  # LiteLLM's own words, once
     assert time.monotonic() - started < 10  # not retried
     assert judge_server.checks == [] and not kafka.connected.is_set()
+
+
+@pytest.mark.parametrize(
+    ("key", "cause"),
+    [
+        ("sk-abc\n", "OPENAI_API_KEY contains a newline at its end, so it cannot be sent in an HTTP header: remove it"),
+        ("sk-abc ", "OPENAI_API_KEY contains whitespace at its end, so it cannot be sent in an HTTP header: remove it"),
+        (
+            "sk-abc\u2013",
+            "OPENAI_API_KEY contains a non-ASCII character ('\u2013' U+2013), so it cannot be sent in an HTTP header: "
+            "remove it",
+        ),
+        ("sk-a b", "OPENAI_API_KEY contains whitespace, so {url} rejected it (HTTP 401): remove it"),
+    ],
+    ids=["newline", "trailing-space", "non-ascii", "inner-space-sent"],
+)
+def test_a_key_with_stray_characters_is_named_not_blamed_on_the_server(
+    judge_server: JudgeServer,
+    kafka: KafkaListener,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    key: str,
+    cause: str,
+) -> None:
+    """The HTTP client refuses such a header before a request is sent (h11's "Illegal header value", which LiteLLM
+    reports as "Connection error."; a non-ASCII character as a 500 no server sent): the server is up and would answer,
+    and the line says what is wrong with the key, never the key itself. A key the server got (an inner space) and
+    refused is named too, with the server's status."""
+    sent = " " in key.strip()
+    if sent:
+        judge_server.check_reply = _error(401, "Incorrect API key provided")
+    monkeypatch.setenv("OPENAI_API_KEY", key)
+    assert main(_consume(kafka)) == EXIT_JUDGE_UNAVAILABLE
+    line = _one_line(capsys.readouterr().err)
+    reason = "auth" if sent else "client_error"
+    expected = (
+        f"tracejudge: the judge 'gpt-4o-mini' cannot answer ({reason}): {cause.format(url=judge_server.base_url)}"
+    )
+    assert line.startswith(expected), line
+    assert "sk-a" not in line and "Connection error" not in line and "nothing answers" not in line
+    assert len(judge_server.checks) == (1 if sent else 0)  # the server answers; only the sendable key reached it
+    assert not kafka.connected.is_set()
+
+
+@pytest.mark.parametrize("key", ["sk-abc\n", "sk-abc\u2013"], ids=["newline", "non-ascii"])
+def test_a_key_that_cannot_be_sent_is_a_client_error_never_retried(
+    judge_server: JudgeServer, monkeypatch: pytest.MonkeyPatch, key: str
+) -> None:
+    """The judges' one classification, at runtime too: not `connection` or `server_error` (retried, and counted
+    as the server's fault) but `client_error`, final; its message never repeats the header (it holds the key)."""
+    monkeypatch.setenv("OPENAI_API_KEY", key)
+    with pytest.raises(JudgeCallError) as caught:
+        check_judge_model("gpt-4o-mini", timeout=5.0)
+    assert (caught.value.kind, caught.value.retryable) == ("client_error", False)
+    assert "the request was not sent" in str(caught.value) and "sk-abc" not in str(caught.value), caught.value
+    assert judge_server.checks == []
 
 
 @pytest.mark.parametrize("model", ["foo/bar", "nosuchprovider:model-x"])
@@ -405,3 +477,20 @@ def test_backfill_and_calibrate_check_only_the_judge_they_call(
         assert main(argv) == EXIT_UNAVAILABLE, capsys.readouterr().err  # past the check, to the silent Kafka
         assert kafka.connected.is_set()
     assert [check["model"] for check in judge_server.checks] == ["gpt-4o-mini"]
+
+
+@pytest.mark.parametrize("check", [True, False], ids=["with-judge-check", "no-judge-check"])
+def test_backfill_refuses_a_tier_the_provider_lacks_before_the_judge_and_kafka(
+    judge_server: JudgeServer, kafka: KafkaListener, capsys: pytest.CaptureFixture[str], check: bool
+) -> None:
+    """`--judge-tier batch` for a provider without a Batch API is configuration (exit 2), said before the judge check
+    (exit 3) or Kafka (69), as `consume` says it and docs/configuration.md documents."""
+    argv = ["backfill", "--from", "2026-01-01", "--to", "2026-01-02", "--bootstrap-servers", kafka.bootstrap]
+    argv += ["--results-topic", "results", "--kafka-config", "bootstrap_timeout_ms=1000"]
+    argv += ["--judge-tier", "batch", "--judge-model", "ollama/llama3.2", *([] if check else ["--no-judge-check"])]
+    assert main(argv) == EXIT_USAGE
+    line = _one_line(capsys.readouterr().err)
+    assert line.startswith("tracejudge backfill: ") and "has no Batch API" in line, line
+    assert "(--judge-model 'ollama/llama3.2')" in line, line
+    assert judge_server.checks == [] and judge_server.requests == []
+    assert not kafka.connected.is_set()
