@@ -25,6 +25,7 @@ from ..gold import LABELS
 from .compare import COMPARE_OPTIONS
 
 EXIT_OK, EXIT_USAGE = 0, 2
+EXIT_INTERRUPTED = 130  # Ctrl-C: 128 + SIGINT, as a shell reports it
 EXPORT_OPTIONS = COMPARE_OPTIONS  # the same reader of the results topic: where it is and how to log
 
 
@@ -311,7 +312,7 @@ def selection_from(namespace: argparse.Namespace) -> Selection:
 
 
 def run_export(namespace: argparse.Namespace) -> int:
-    """0 (also when nothing matched: said); 2 for a usage error; 69 when Kafka does not answer."""
+    """0 (also when nothing matched: said); 2 for a usage error; 69 when Kafka does not answer; 130 on Ctrl-C."""
     from .._logging import configure_logging
     from ..service import StartupError
     from .compare import CompareError, read_results
@@ -337,6 +338,9 @@ def run_export(namespace: argparse.Namespace) -> int:
     except StartupError as exc:
         print(f"tracejudge export: {exc}", file=sys.stderr)
         return exc.exit_code
+    except KeyboardInterrupt:
+        print("tracejudge export: interrupted (Ctrl-C): nothing written", file=sys.stderr)
+        return EXIT_INTERRUPTED
     export = select(records, selection)
     try:
         with output.open("w", encoding="utf-8") as out:
