@@ -182,3 +182,30 @@ def test_ctrl_c_ends_export_with_one_line_and_exit_130(own_broker: EmbeddedBroke
     )
     assert "Traceback" not in stderr, stderr
     assert len(lines) <= 1, stderr
+
+
+def test_a_failed_delivered_ids_write_is_counted_as_a_notify_output_error_and_names_the_topic(
+    own_broker: EmbeddedBroker, caplog: pytest.LogCaptureFixture
+) -> None:
+    """build_notifier's `<group>-notifications` writer once had no on_error: its failures were neither counted in
+    tracejudge_output_errors_total nor said with the topic and the grants it needs."""
+    import logging
+
+    from tests.support.pipeline import wait_for
+    from tracejudge.consumer.app import build_notifier
+
+    settings = consumer_settings(own_broker.bootstrap_servers, "unused", notify_url=["http://127.0.0.1:9/hook"])
+    errors: list[str] = []
+    notifier = build_notifier(settings, NotificationInstruments(CollectorRegistry()), errors.append)
+    try:
+        assert own_broker._process is not None
+        own_broker._process.send_signal(signal.SIGKILL)
+        own_broker._process.wait(10)
+        assert notifier.delivered_ids is not None
+        with caplog.at_level(logging.WARNING, logger="tracejudge.consumer"):
+            notifier.delivered_ids.add("r1", "http://127.0.0.1:9/hook")
+            wait_for(lambda: "notify" in errors, timeout=90)
+    finally:
+        notifier.close(1)
+    topic = f"{settings.group_id}-notifications"
+    assert any(f"Write and Describe topic {topic!r}" in r.getMessage() for r in caplog.records), caplog.text
