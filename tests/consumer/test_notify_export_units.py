@@ -97,6 +97,9 @@ def test_slack_body_and_signature() -> None:
         ({"TRACEJUDGE_NOTIFY_URL": "hooks.example.com"}, "--notify-url / TRACEJUDGE_NOTIFY_URL: 'hooks.example.com'"),
         ({"TRACEJUDGE_NOTIFY_ON": "failure_rate=halucination"}, "unknown verdict 'halucination'"),
         ({"TRACEJUDGE_TRACE_URL_TEMPLATE": "http://t/{trace}"}, "unknown field 'trace'"),
+        ({"TRACEJUDGE_NOTIFY_RETRY_FOR": "nan"}, "must be a finite number of seconds"),  # nan once passed `<= 0`
+        ({"TRACEJUDGE_NOTIFY_RETRY_FOR": "inf"}, "must be a finite number of seconds"),
+        ({"TRACEJUDGE_NOTIFY_RETRY_FOR": "700000"}, "at most 7 days"),
     ],
 )
 def test_bad_notify_settings_are_one_line_and_exit_2(env: dict[str, str], message: str) -> None:
