@@ -139,12 +139,15 @@ def select(records: Sequence[dict[str, Any]], selection: Selection) -> Export:
     """One line per conversation: its latest matching transcript (highest version, then latest judged), with every
     matching result of that transcript. A result written twice (a replay: the same result id) counts once, and its
     newest copy (the last read: a result id's records share a partition) is the one that stands: a replay re-judged
-    differently overrides the earlier verdict, also when the newer one no longer matches."""
+    differently overrides the earlier verdict, also when the newer one no longer matches. A copy without a verdict
+    (a replay whose judge call failed) overrides nothing: the verdict already given stands."""
     export = Export(records=len(records))
     newest: dict[str, dict[str, Any]] = {}
     for record in records:
         result_id = record.get("result_id")
         if isinstance(result_id, str):
+            if record.get("verdict") is None and result_id in newest:
+                continue  # a failed re-judgement: no verdict to replace the one on the topic
             newest.pop(result_id, None)  # re-inserted: the dict keeps the order of each id's newest copy
             newest[result_id] = record
     by_transcript: dict[tuple[str, str], list[dict[str, Any]]] = {}

@@ -159,3 +159,13 @@ def test_the_newest_copy_of_a_result_id_wins() -> None:
     assert select([newer, older], Selection(verdicts={"hallucination"})).lines == []
     (line,) = select([newer, older], Selection()).lines
     assert line["verdict"] == "honest_fallback" and line["reason"] == "r"
+
+
+def test_a_replay_whose_judge_call_failed_does_not_erase_the_verdict() -> None:
+    """The same result id written again without a verdict (its re-judgement failed) once became the newest copy and
+    dropped the conversation from `export --verdict hallucination`."""
+    judged = record("c1", "r1", "hallucination")
+    failed = {**judged, "verdict": None, "error": "judge timed out", "judged_at": "2026-12-01T01:00:00+00:00"}
+    export = select([judged, failed], Selection(verdicts={"hallucination"}))
+    assert [line["conversation_id"] for line in export.lines] == ["c1"]
+    assert export.lines[0]["verdict"] == "hallucination"
