@@ -15,8 +15,10 @@ whose POST did not succeed, or whose delivery is not yet written to the delivere
 uncommitted, so a restart sends it again; a duplicate of a result still being posted waits for it. Never twice for one
 result id in a process; across restarts the delivered ids are kept in a compacted topic (`<group>-notifications`, read
 back to its high watermark at start and followed while running, so what another replica delivered is known here after a
-rebalance), so a replay after a crash is not sent again either (only a POST that succeeded in the moment before a kill
--9 can be repeated: the receiver can dedupe on `id`). The delivery thread never waits for that write (it completes the
+rebalance), so a replay after a crash is not sent again either. A repeat (the receiver can dedupe on `id`) remains
+where a delivery cannot be known: an answer lost or late after the endpoint took the POST, a delivery whose record was
+not acknowledged before the process ended, a rebalance before the record was read, a replay past the topic's
+retention (docs/feedback-and-backfill.md lists them). The delivery thread never waits for that write (it completes the
 post when the broker acknowledges it). Per agent a token bucket (`rate_per_minute`) holds back the excess, counted; the
 agent's next event says how many. An unexpected error on the delivery thread is counted, logged and handed to `on_fatal`
 (the consumer stops and says why, as for its judge thread); without `on_fatal` the thread keeps going.
