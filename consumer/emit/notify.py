@@ -209,12 +209,13 @@ class _HTTPHandler(urllib.request.HTTPHandler):
 
 
 class _HTTPSHandler(urllib.request.HTTPSHandler):
-    def __init__(self, deadline: _Deadline) -> None:
-        super().__init__()
+    def __init__(self, deadline: _Deadline, context: Any = None) -> None:
+        super().__init__(context=context)
         self.deadline = deadline
+        self.context = context  # None: http.client's default (the system's CAs, hostname checked)
 
     def https_open(self, req: urllib.request.Request) -> Any:
-        return self.do_open(functools.partial(_HTTPSConnection, deadline=self.deadline), req)
+        return self.do_open(functools.partial(_HTTPSConnection, deadline=self.deadline), req, context=self.context)
 
 
 class _GiveUps:
