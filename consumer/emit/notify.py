@@ -34,6 +34,7 @@ import http.client
 import itertools
 import json
 import logging
+import math
 import queue
 import socket
 import threading
@@ -394,6 +395,8 @@ class Notifier:
         clock: Callable[[], float] = time.monotonic,
         on_fatal: Callable[[BaseException], None] | None = None,
     ) -> None:
+        if not math.isfinite(retry_for_s) or retry_for_s <= 0:  # nan would give every post up before an attempt
+            raise ValueError(f"retry_for_s must be a finite number of seconds, positive, got {retry_for_s!r}")
         self.urls = list(urls)
         self.rules = [Rule.parse(item) for item in notify_on]
         self.body_format = body_format

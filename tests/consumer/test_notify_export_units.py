@@ -169,3 +169,9 @@ def test_a_replay_whose_judge_call_failed_does_not_erase_the_verdict() -> None:
     export = select([judged, failed], Selection(verdicts={"hallucination"}))
     assert [line["conversation_id"] for line in export.lines] == ["c1"]
     assert export.lines[0]["verdict"] == "hallucination"
+
+
+@pytest.mark.parametrize("horizon", [float("nan"), float("inf"), 0.0])
+def test_a_notifier_refuses_a_horizon_that_is_not_a_finite_positive_number(horizon: float) -> None:
+    with pytest.raises(ValueError, match="retry_for_s must be a finite number of seconds"):
+        Notifier(["http://127.0.0.1:9/hook"], retry_for_s=horizon)
