@@ -38,6 +38,11 @@ def quiet_kafka_connections() -> Iterator[None]:
             _quiet_depth -= 1
 
 
+def _failed_fetch(name: str, message: str) -> bool:
+    """The fetcher's line for each failed fetch (once a second while a broker is down): a connection line too."""
+    return name == "kafka.consumer.fetcher" and message.startswith("Fetch to node ")
+
+
 class KafkaNoise(logging.Filter):
     """On the handler (so it sees records propagated from every `kafka.*` logger)."""
 
@@ -58,7 +63,7 @@ class KafkaNoise(logging.Filter):
             type(arg).__name__ == "Cancelled" for arg in record.args or ()
         ):  # a refresh in flight when the client closes
             return False
-        if not record.name.startswith(CONNECTION_LOGGERS):
+        if not record.name.startswith(CONNECTION_LOGGERS) and not _failed_fetch(record.name, message):
             return True
         if _quiet_depth:
             return False

@@ -294,9 +294,20 @@ def build_notifier(
 ) -> Notifier:
     """--notify-url: the notifier, its delivered ids kept in `<group>-notifications` (so a replay is not re-sent)."""
     producer_config = settings.producer_config()
+    topic = f"{settings.group_id}-notifications"
     with reaching_kafka(settings.bootstrap_servers, producer_config):
         writer = KafkaWriter(
-            settings.bootstrap_servers, f"{settings.group_id}-notifications", durable=True, **producer_config
+            settings.bootstrap_servers,
+            topic,
+            durable=True,
+            # counted like the notifier's own failures: a delivery not recorded keeps its conversation uncommitted
+            on_error=(lambda: on_output_error("notify")) if on_output_error else None,
+            hint=(
+                f": the delivered notifications are not recorded, so their conversations stay uncommitted; check that "
+                f"the brokers are up and that this consumer may Write and Describe topic {topic!r} (and Create it, "
+                "or pre-create it compacted)"
+            ),
+            **producer_config,
         ).start()
     delivered = DeliveredIds(
         settings.bootstrap_servers,
@@ -306,7 +317,7 @@ def build_notifier(
         replication_factor=settings.replication_factor,
         topic_configs=dict(settings.internal_topic_config),
     )
-    return Notifier(
+    notifier = Notifier(
         settings.notify_url,
         notify_on=settings.notify_on,
         body_format=settings.notify_format,
@@ -318,7 +329,12 @@ def build_notifier(
         instruments=instruments,
         on_error=(lambda: on_output_error("notify")) if on_output_error else None,
         delivered_ids=delivered,
-    ).start()
+    )
+    try:
+        return notifier.start()
+    except BaseException:  # e.g. KafkaUnreachable while reading the delivered ids: the writer does not outlive it
+        writer.close(1.0)
+        raise
 
 
 @dataclass

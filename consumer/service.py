@@ -22,7 +22,7 @@ from tracejudge.metrics import HolisticJudgeMetric
 from tracejudge.metrics.batch import BatchCoordinator
 from tracejudge.metrics.tiers import TIER_BATCH
 
-from ._errors import StartupError
+from ._errors import EXIT_UNAVAILABLE, KafkaUnreachable, StartupError
 from ._logging import quiet_kafka_connections
 from .delivery import Delivery, JudgementSink
 from .emit.prometheus import ConsumerInstruments, family_total
@@ -48,10 +48,9 @@ LAG_INTERVAL_S = 0.5
 # second round of a cooperative rebalance, in which partitions another member gave up reach a newcomer.
 PARTITIONLESS_NOTICE_S = 10.0
 
-EXIT_UNAVAILABLE = 69  # sysexits' EX_UNAVAILABLE: a service the command needs (Kafka) did not answer
 EXIT_NOPERM = 77  # sysexits' EX_NOPERM: Kafka answered and refused us (TLS certificate not trusted, SASL refused)
 
-__all__ = ["ConsumerService", "JudgementSink"]
+__all__ = ["EXIT_UNAVAILABLE", "ConsumerService", "JudgementSink", "KafkaUnreachable"]
 
 
 def outcome_summary(prometheus: ConsumerInstruments) -> str:
@@ -61,10 +60,6 @@ def outcome_summary(prometheus: ConsumerInstruments) -> str:
         f"{count['judged']} conversations judged, {count['failed']} failed, {count['sampled_out']} sampled out, "
         f"{count['skipped_budget']} skipped for budget in this run"
     )
-
-
-class KafkaUnreachable(StartupError):
-    exit_code = EXIT_UNAVAILABLE
 
 
 class KafkaRefused(StartupError):

@@ -608,6 +608,16 @@ class Settings(BaseSettings):
             raise ValueError(f"at least 1 s (a smaller wait retries a failing provider in a loop), got {value!r}")
         return seconds
 
+    @field_validator("notify_retry_for")
+    @classmethod
+    def _notify_retry_for(cls, value: float) -> float:
+        # nan passed `<= 0` and gave every notification up before its first attempt; inf held commits forever
+        if not math.isfinite(value) or value <= 0:
+            raise ValueError(f"must be a finite number of seconds, positive, got {value!r}")
+        if value > MAX_RETRY_HORIZON_S:
+            raise ValueError(f"at most 7 days (as --judge-retry-horizon), got {value!r}")
+        return value
+
     @field_validator("canary_interval", mode="before")
     @classmethod
     def _canary_interval(cls, value: Any) -> float | None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import threading
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -21,6 +22,7 @@ from tracejudge.metrics.calibration import cohen_kappa, confusion_matrix, propor
 from ..gold import KAPPA_WEIGHTING, LABELS
 
 EXIT_OK, EXIT_BELOW, EXIT_USAGE = 0, 1, 2
+EXIT_INTERRUPTED = 130  # Ctrl-C: 128 + SIGINT, as a shell reports it
 SIDES = ("shadow", "model", "rubric_version")
 # The consumer options that mean something here: where the results topic is and how to log.
 COMPARE_OPTIONS = frozenset({"bootstrap_servers", "results_topic", "kafka_config", "log_level", "log_format"})
@@ -179,31 +181,44 @@ def compare_metric(metric: str, pairs: list[tuple[Verdict, Verdict]]) -> dict[st
 
 def read_results(settings: Any) -> list[dict[str, Any]]:
     """Every record of the results topic up to its high watermark (no group, no commits); KafkaUnreachable when the
-    brokers do not answer. An unreadable record is skipped (counted in the report)."""
+    brokers do not answer, at the start or once a read makes no progress for the stall bound (topic_reader). An
+    unreadable record is skipped (counted in the report). kafka-python's connection lines are dropped meanwhile:
+    what follows is one line, the answer or why there is none."""
     from kafka import KafkaConsumer, TopicPartition
 
+    from .._logging import quiet_kafka_connections
     from ..service import reaching_kafka
-    from ..topic_reader import records_to_end
+    from ..topic_reader import partitions_for, records_to_end, stall_bound_s
 
     config = {"enable_auto_commit": False, **settings.consumer_config()}
+    stall_s = stall_bound_s(config)
+    topic = settings.results_topic
     with reaching_kafka(settings.bootstrap_servers, config):
         consumer = KafkaConsumer(bootstrap_servers=settings.bootstrap_servers, **config)
     records: list[dict[str, Any]] = []
-    try:
-        partitions = consumer.partitions_for_topic(settings.results_topic)
-        if not partitions:
-            raise CompareError(f"--results-topic: topic {settings.results_topic!r} does not exist")
-        assigned = [TopicPartition(settings.results_topic, p) for p in sorted(partitions)]
-        for record in records_to_end(consumer, assigned, what=f"results topic {settings.results_topic!r}"):
-            try:
-                value = json.loads(record.value)
-            except (TypeError, ValueError):
-                continue
-            if isinstance(value, dict):
-                records.append(value)
-    finally:
-        consumer.close()
+    with quiet_kafka_connections():
+        try:
+            partitions = partitions_for(consumer, topic, what=f"results topic {topic!r}", stall_s=stall_s)
+            if not partitions:
+                raise CompareError(f"--results-topic: topic {topic!r} does not exist")
+            assigned = [TopicPartition(topic, p) for p in sorted(partitions)]
+            for record in records_to_end(consumer, assigned, what=f"results topic {topic!r}", stall_s=stall_s):
+                try:
+                    value = json.loads(record.value)
+                except (TypeError, ValueError):
+                    continue
+                if isinstance(value, dict):
+                    records.append(value)
+        finally:
+            _close(consumer)
     return records
+
+
+def _close(consumer: Any) -> None:
+    """Close without waiting on a broker that is gone (kafka-python's close may block on a frozen one)."""
+    closing = threading.Thread(target=consumer.close, name="tracejudge-close", daemon=True)
+    closing.start()
+    closing.join(2.0)
 
 
 def _fmt(value: float | None) -> str:
@@ -244,7 +259,8 @@ def _usage(message: str) -> int:
 
 
 def run_compare(namespace: argparse.Namespace) -> int:
-    """0; 1 when an agreement is below --min-agreement; 2 for a usage error; 69 when Kafka does not answer."""
+    """0; 1 when an agreement is below --min-agreement; 2 for a usage error; 69 when Kafka does not answer; 130 on
+    Ctrl-C."""
     from rich.console import Console
 
     from .._logging import configure_logging
@@ -275,6 +291,9 @@ def run_compare(namespace: argparse.Namespace) -> int:
     except StartupError as exc:
         print(f"tracejudge compare: {exc}", file=sys.stderr)
         return exc.exit_code
+    except KeyboardInterrupt:
+        print("tracejudge compare: interrupted (Ctrl-C): nothing written", file=sys.stderr)
+        return EXIT_INTERRUPTED
     pairs = pair_up(
         records,
         by=namespace.by,

@@ -25,6 +25,7 @@ from ..gold import LABELS
 from .compare import COMPARE_OPTIONS
 
 EXIT_OK, EXIT_USAGE = 0, 2
+EXIT_INTERRUPTED = 130  # Ctrl-C: 128 + SIGINT, as a shell reports it
 EXPORT_OPTIONS = COMPARE_OPTIONS  # the same reader of the results topic: where it is and how to log
 
 
@@ -138,12 +139,15 @@ def select(records: Sequence[dict[str, Any]], selection: Selection) -> Export:
     """One line per conversation: its latest matching transcript (highest version, then latest judged), with every
     matching result of that transcript. A result written twice (a replay: the same result id) counts once, and its
     newest copy (the last read: a result id's records share a partition) is the one that stands: a replay re-judged
-    differently overrides the earlier verdict, also when the newer one no longer matches."""
+    differently overrides the earlier verdict, also when the newer one no longer matches. A copy without a verdict
+    (a replay whose judge call failed) overrides nothing: the verdict already given stands."""
     export = Export(records=len(records))
     newest: dict[str, dict[str, Any]] = {}
     for record in records:
         result_id = record.get("result_id")
         if isinstance(result_id, str):
+            if record.get("verdict") is None and result_id in newest:
+                continue  # a failed re-judgement: no verdict to replace the one on the topic
             newest.pop(result_id, None)  # re-inserted: the dict keeps the order of each id's newest copy
             newest[result_id] = record
     by_transcript: dict[tuple[str, str], list[dict[str, Any]]] = {}
@@ -311,7 +315,7 @@ def selection_from(namespace: argparse.Namespace) -> Selection:
 
 
 def run_export(namespace: argparse.Namespace) -> int:
-    """0 (also when nothing matched: said); 2 for a usage error; 69 when Kafka does not answer."""
+    """0 (also when nothing matched: said); 2 for a usage error; 69 when Kafka does not answer; 130 on Ctrl-C."""
     from .._logging import configure_logging
     from ..service import StartupError
     from .compare import CompareError, read_results
@@ -337,6 +341,9 @@ def run_export(namespace: argparse.Namespace) -> int:
     except StartupError as exc:
         print(f"tracejudge export: {exc}", file=sys.stderr)
         return exc.exit_code
+    except KeyboardInterrupt:
+        print("tracejudge export: interrupted (Ctrl-C): nothing written", file=sys.stderr)
+        return EXIT_INTERRUPTED
     export = select(records, selection)
     try:
         with output.open("w", encoding="utf-8") as out:

@@ -52,9 +52,11 @@ class KafkaWriter:
         durable: bool = False,
         on_error: Callable[[], None] | None = None,
         base_backoff_s: float = 0.5,
+        hint: str = "",
         **producer_config: Any,
     ) -> None:
         self.topic = topic
+        self.hint = hint  # what to check, said with each failure (the topic's purpose and the grant it needs)
         self.durable = durable
         self.on_error = on_error
         self.max_queue = max_queue
@@ -171,7 +173,9 @@ class KafkaWriter:
                 self._waiting += 1
                 due = time.monotonic() + backoff * random.uniform(0.8, 1.2)
                 heapq.heappush(self._retry, (due, next(self._order), item))
-        self._log.warning("writing to %r failed: %r (retrying; %d failures so far)", self.topic, exc, failed)
+        self._log.warning(
+            "writing to %r failed: %r (retrying; %d failures so far)%s", self.topic, exc, failed, self.hint
+        )
         if self.on_error is not None:
             try:
                 self.on_error()

@@ -4,31 +4,39 @@ A CloudEvents 1.0 JSON event in structured mode (the CNCF SDK makes it; `id` is 
 conversation id, `data` the result record and a link to the trace) or a Slack incoming-webhook message; signed with
 HMAC-SHA256 when a secret is set. `emit` only queues: one delivery thread posts, retrying with backoff for at most
 `retry_for` seconds, so a failing endpoint slows no judgement, and holds a conversation's commit (the events `emit`
-returns) no longer than that: each attempt's timeout is bounded by what is left of the oldest waiting notification's
-horizon, so however slow the endpoint, the thread is free to give that one up when its time is over (one thread, not
+returns) no longer than that: an attempt has a deadline (5 s, and never past its own post's horizon) after which its
+socket is shut down, whatever the endpoint does (urllib's timeout bounds each read, not the answer: an endpoint
+trickling a byte at a time would keep it forever), and at most 64 KiB of the answer is read; a timer thread gives up
+the other waiting posts when their horizon passes, even while an attempt is under way (one delivery thread, not
 several: a failing endpoint then costs one connection, and posts keep their order; a healthy endpoint answers well
-within the 5 s an attempt may take). A redirect is not followed (a POST re-sent as a GET elsewhere is no delivery):
-it is a failed attempt, retried, and said. At least once: a verdict whose POST did not succeed, or whose delivery is
-not yet written to the delivered-ids topic, keeps its conversation uncommitted, so a restart sends it again; a
-duplicate of a result still being posted waits for it. Never twice for one result id in a process; across restarts
-the delivered ids are kept in a compacted topic (`<group>-notifications`, read back to its high watermark at start
-and followed while running, so what another replica delivered is known here after a rebalance), so a replay after a
-crash is not sent again either (only a POST that succeeded in the moment before a kill -9 can be repeated: the
-receiver can dedupe on `id`). The delivery thread never waits for that write (it completes the post when the broker
-acknowledges it). Per agent a token bucket (`rate_per_minute`) holds back the excess, counted; the agent's next event
-says how many. An unexpected error on the delivery thread is counted, logged and handed to `on_fatal` (the consumer
-stops and says why, as for its judge thread); without `on_fatal` the thread keeps going.
+within the 5 s an attempt may take, and is never cut short because another post is older). A redirect is not followed (a
+POST re-sent as a GET elsewhere is no delivery): it is a failed attempt, retried, and said. At least once: a verdict
+whose POST did not succeed, or whose delivery is not yet written to the delivered-ids topic, keeps its conversation
+uncommitted, so a restart sends it again; a duplicate of a result still being posted waits for it. Never twice for one
+result id in a process; across restarts the delivered ids are kept in a compacted topic (`<group>-notifications`, read
+back to its high watermark at start and followed while running, so what another replica delivered is known here after a
+rebalance), so a replay after a crash is not sent again either. A repeat (the receiver can dedupe on `id`) remains
+where a delivery cannot be known: an answer lost or late after the endpoint took the POST, a delivery whose record was
+not acknowledged before the process ended, a rebalance before the record was read, a replay past the topic's
+retention (docs/feedback-and-backfill.md lists them). The delivery thread never waits for that write (it completes the
+post when the broker acknowledges it). Per agent a token bucket (`rate_per_minute`) holds back the excess, counted; the
+agent's next event says how many. An unexpected error on the delivery thread is counted, logged and handed to `on_fatal`
+(the consumer stops and says why, as for its judge thread); without `on_fatal` the thread keeps going.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import heapq
 import hmac
+import http.client
 import itertools
 import json
 import logging
+import math
 import queue
+import socket
 import threading
 import time
 import urllib.error
@@ -45,7 +53,7 @@ from tracejudge._shared.rate_limited_log import RateLimitedLog
 
 from ..judgement import Judgement
 from ..results import result_record
-from ..topic_reader import records_to_end
+from ..topic_reader import partitions_for, records_to_end, stall_bound_s
 
 logger = logging.getLogger("tracejudge.consumer.notify")
 OUTPUT = "notify"  # its label in tracejudge_output_errors_total
@@ -54,6 +62,8 @@ EVENT_TYPE = "dev.tracejudge.verdict"
 OUTCOMES = ("delivered", "held_back", "given_up", "duplicate")
 MAX_BACKOFF_S = 30.0
 ATTEMPT_TIMEOUT_S = 5.0  # one POST; the delivery thread is the only one that waits for it
+MAX_ANSWER_BYTES = 64 * 1024  # of an endpoint's answer, read and dropped (only its status matters)
+GIVE_UP_LOG_INTERVAL_S = 60.0
 # The delivered-ids topic: compacted (one record per result and URL), and what is older than a week deleted (a replay
 # reaches further back only after a reset); its size is bounded by the rate limit.
 TOPIC_CONFIGS = {"cleanup.policy": "compact,delete", "retention.ms": str(7 * 86_400_000)}
@@ -144,6 +154,100 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
         return None
 
 
+class _Deadline:
+    """An attempt's deadline: when `expire()` is called (by a timer) the attempt's socket is shut down, so the
+    delivery thread's read ends at once, however the endpoint trickles its answer."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._sockets: list[socket.socket] = []
+        self.expired = False
+
+    def track(self, sock: socket.socket) -> socket.socket:
+        with self._lock:
+            self._sockets.append(sock)
+            if self.expired:
+                _shut(sock)
+        return sock
+
+    def expire(self) -> None:
+        with self._lock:
+            self.expired = True
+            for sock in self._sockets:
+                _shut(sock)
+
+
+def _shut(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass  # already closed
+
+
+def _tracked(base: type[http.client.HTTPConnection]) -> Any:
+    class Connection(base):  # type: ignore[valid-type,misc]
+        """Its socket is handed to the attempt's deadline as soon as it is connected (before a TLS handshake)."""
+
+        def __init__(self, *args: Any, deadline: _Deadline, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            connect: Callable[..., socket.socket] = self._create_connection  # type: ignore[has-type]
+            self._create_connection = lambda *a, **k: deadline.track(connect(*a, **k))
+
+    return Connection
+
+
+_HTTPConnection = _tracked(http.client.HTTPConnection)
+_HTTPSConnection = _tracked(http.client.HTTPSConnection)
+
+
+class _HTTPHandler(urllib.request.HTTPHandler):
+    def __init__(self, deadline: _Deadline) -> None:
+        super().__init__()
+        self.deadline = deadline
+
+    def http_open(self, req: urllib.request.Request) -> Any:
+        return self.do_open(functools.partial(_HTTPConnection, deadline=self.deadline), req)
+
+
+class _HTTPSHandler(urllib.request.HTTPSHandler):
+    def __init__(self, deadline: _Deadline, context: Any = None) -> None:
+        super().__init__(context=context)
+        self.deadline = deadline
+        self.context = context  # None: http.client's default (the system's CAs, hostname checked)
+
+    def https_open(self, req: urllib.request.Request) -> Any:
+        return self.do_open(functools.partial(_HTTPSConnection, deadline=self.deadline), req, context=self.context)
+
+
+class _GiveUps:
+    """Give-ups are always heard: the first of a minute at once, the rest in a summary once the minute is over
+    (`flush`, called by the timer thread), never held until some later warning."""
+
+    def __init__(self, interval_s: float = GIVE_UP_LOG_INTERVAL_S) -> None:
+        self.interval_s = interval_s
+        self._lock = threading.Lock()
+        self._last = -float("inf")
+        self._held = 0
+        self._latest = ""
+
+    def say(self, line: str) -> None:
+        with self._lock:
+            now = time.monotonic()
+            if now - self._last < self.interval_s:
+                self._held += 1
+                self._latest = line
+                return
+            self._last = now
+        logger.warning("%s", line)
+
+    def flush(self, force: bool = False) -> None:
+        with self._lock:
+            if not self._held or (not force and time.monotonic() - self._last < self.interval_s):
+                return
+            held, latest, self._held, self._last = self._held, self._latest, 0, time.monotonic()
+        logger.warning("%d more notifications given up in the last minute; the latest: %s", held, latest)
+
+
 class DeliveredIds:
     """The result ids already notified, kept in a compacted topic (key: result id) and read back at start."""
 
@@ -186,17 +290,29 @@ class DeliveredIds:
     def load(self, stop: threading.Event | None = None) -> set[tuple[str, str]]:
         """Every (result id, url) delivered so far, read to the high watermark of the topic (however slow the broker:
         a short read would send them again); the reader stays open for `follow`. A topic without partitions yet (just
-        created) holds nothing: `follow` waits for them."""
+        created) holds nothing: `follow` waits for them. A broker that stops answering (no progress for the stall
+        bound of topic_reader: the bootstrap timeout, at least 15 s) fails the start with KafkaUnreachable (exit 69):
+        starting without the ids would send them again."""
         from kafka import KafkaConsumer, TopicPartition
+
+        from .._logging import quiet_kafka_connections
 
         self._reader = consumer = KafkaConsumer(
             bootstrap_servers=self.bootstrap_servers, **{**self.consumer_config, "enable_auto_commit": False}
         )
-        partitions = consumer.partitions_for_topic(self.topic)
-        if not partitions:
-            return set()
-        assigned = [TopicPartition(self.topic, p) for p in sorted(partitions)]
-        return _delivered(records_to_end(consumer, assigned, what=f"delivered notifications {self.topic!r}", stop=stop))
+        what = f"the delivered notifications {self.topic!r}"
+        stall_s = stall_bound_s(self.consumer_config)
+        try:
+            with quiet_kafka_connections():
+                partitions = partitions_for(consumer, self.topic, what=what, stall_s=stall_s)
+                if not partitions:
+                    return set()
+                assigned = [TopicPartition(self.topic, p) for p in sorted(partitions)]
+                return _delivered(records_to_end(consumer, assigned, what=what, stop=stop, stall_s=stall_s))
+        except BaseException:
+            self._reader = None
+            threading.Thread(target=consumer.close, name="tracejudge-notify-close", daemon=True).start()
+            raise
 
     def follow(self, add: Callable[[set[tuple[str, str]]], None], stop: threading.Event) -> None:
         """Keep reading what the other replicas of the group deliver (a rebalance hands their uncommitted
@@ -204,7 +320,7 @@ class DeliveredIds:
         metadata not yet everywhere) are waited for, then read from their beginning."""
         from kafka import TopicPartition
 
-        consumer = getattr(self, "_reader", None)
+        consumer: Any = getattr(self, "_reader", None)
         if consumer is None:
             return
         try:
@@ -279,6 +395,8 @@ class Notifier:
         clock: Callable[[], float] = time.monotonic,
         on_fatal: Callable[[BaseException], None] | None = None,
     ) -> None:
+        if not math.isfinite(retry_for_s) or retry_for_s <= 0:  # nan would give every post up before an attempt
+            raise ValueError(f"retry_for_s must be a finite number of seconds, positive, got {retry_for_s!r}")
         self.urls = list(urls)
         self.rules = [Rule.parse(item) for item in notify_on]
         self.body_format = body_format
@@ -301,13 +419,15 @@ class Notifier:
         self._outstanding: dict[str, list[_Post]] = {}  # result id -> its posts not done yet (a duplicate waits)
         self._unposted: dict[int, _Post] = {}  # posts not yet taken by an endpoint, oldest first (the horizon)
         self._seq = itertools.count()
-        self._opener = urllib.request.build_opener(_NoRedirect)
         self._queue: queue.SimpleQueue[_Post | None] = queue.SimpleQueue()
         self._retry: list[tuple[float, int, _Post]] = []
         self._order = itertools.count()
         self._closing = threading.Event()
         self._thread = threading.Thread(target=self._run, name="tracejudge-notify", daemon=True)
+        self._timer = threading.Thread(target=self._expiring, name="tracejudge-notify-expiry", daemon=True)
+        self._inflight: _Post | None = None  # the post being attempted: its own attempt ends by its horizon
         self._failures = RateLimitedLog(logger, interval_s=60.0)
+        self._give_ups = _GiveUps()
 
     # -- the sink ------------------------------------------------------------------------------------------------
 
@@ -326,6 +446,7 @@ class Notifier:
                 daemon=True,
             ).start()
         self._thread.start()
+        self._timer.start()
         return self
 
     def _delivered_elsewhere(self, found: set[tuple[str, str]]) -> None:
@@ -458,23 +579,43 @@ class Notifier:
                 continue  # given up when its horizon passed while it waited
             self._attempt(post)
 
-    def _oldest_unposted(self) -> _Post | None:
-        with self._lock:
-            return next(iter(self._unposted.values()), None)
-
     def _expire(self) -> None:
-        """Give up every post whose retry horizon has passed, oldest first, wherever it waits."""
-        while (oldest := self._oldest_unposted()) is not None:
-            elapsed = self.clock() - oldest.first_at
-            if elapsed < self.retry_for_s:
+        """Give up every post whose retry horizon has passed, oldest first, wherever it waits (the one being
+        attempted is left to its attempt, which ends by its horizon)."""
+        while True:
+            with self._lock:
+                now = self.clock()
+                due = []
+                for p in self._unposted.values():  # oldest first
+                    if now - p.first_at < self.retry_for_s:
+                        break
+                    if p is not self._inflight:
+                        due.append(p)
+            if not due:
                 return
-            self._give_up(oldest, elapsed, f"its --notify-retry-for ({self.retry_for_s:.0f} s) passed")
+            for post in due:
+                self._give_up(post, now - post.first_at, f"its --notify-retry-for ({self.retry_for_s:.0f} s) passed")
+
+    def _expiring(self) -> None:
+        """The timer thread: gives up posts on time while the delivery thread is busy, and says the give-ups."""
+        while not self._closing.wait(0.1):
+            try:
+                self._expire()
+                self._give_ups.flush()
+            except Exception:  # never dies in silence; the delivery thread's own `_expire` still runs
+                self._failures.warning("expiring notifications failed: please report this error", exc_info=True)
+        self._give_ups.flush(force=True)
 
     def _attempt(self, post: _Post) -> None:
         post.attempts += 1
-        oldest = self._oldest_unposted()  # at worst this post: the attempt ends before any waiting post's horizon
-        left = self.retry_for_s - (self.clock() - (oldest or post).first_at)
-        problem, retryable = self._post(post, max(0.001, min(ATTEMPT_TIMEOUT_S, left)))
+        left = self.retry_for_s - (self.clock() - post.first_at)  # its own horizon, never another post's
+        with self._lock:
+            self._inflight = post
+        try:
+            problem, retryable = self._post(post, max(0.001, min(ATTEMPT_TIMEOUT_S, left)))
+        finally:
+            with self._lock:
+                self._inflight = None
         if problem is None:
             self._posted(post)
             return
@@ -500,16 +641,12 @@ class Notifier:
                 logger.exception("counting a notification error failed")
 
     def _give_up(self, post: _Post, elapsed: float, problem: str) -> None:
-        self._failures.warning(
-            "notification of result %s to %s given up after %d attempts over %.0f s: %s (check the endpoint; "
-            "its conversation is committed without it)",
-            post.result_id,
-            _redacted(post.url),
-            post.attempts,
-            elapsed,
-            problem,
-        )
-        self._finish(post, "given_up")
+        if self._finish(post, "given_up"):  # said once, by whichever thread gave it up
+            self._give_ups.say(
+                f"notification of result {post.result_id} to {_redacted(post.url)} given up after {post.attempts} "
+                f"attempts over {elapsed:.0f} s: {problem} (check the endpoint; its conversation is committed "
+                "without it)"
+            )
 
     def _posted(self, post: _Post) -> None:
         """The endpoint took it: delivered once recorded in the delivered-ids topic (written without waiting; the
@@ -519,15 +656,23 @@ class Notifier:
         if self.delivered_ids is None:
             self._finish(post, "delivered")
         else:
-            self.delivered_ids.add(post.result_id, post.url, on_written=lambda: self._finish(post, "delivered"))
+            self.delivered_ids.add(post.result_id, post.url, on_written=functools.partial(self._delivered, post))
 
     def _post(self, post: _Post, timeout_s: float) -> tuple[str | None, bool]:
-        """(None, _) when the endpoint took it; else what went wrong and whether a retry can help."""
+        """(None, _) when the endpoint took it; else what went wrong and whether a retry can help. The attempt ends
+        by `timeout_s` however the endpoint answers: a timer shuts its socket down."""
+        deadline = _Deadline()
+        timer = threading.Timer(timeout_s, deadline.expire)
+        timer.daemon = True
+        opener = urllib.request.build_opener(_NoRedirect, _HTTPHandler(deadline), _HTTPSHandler(deadline))
+        timer.start()
         try:
             request = urllib.request.Request(post.url, data=post.body, headers=post.headers, method="POST")
-            with self._opener.open(request, timeout=timeout_s) as response:
-                response.read()
-                return None, True
+            with opener.open(request, timeout=timeout_s) as response:
+                response.read(MAX_ANSWER_BYTES)
+            if deadline.expired:  # a shut socket reads as the end of the headers: no answer is no delivery
+                return f"no complete answer within {timeout_s:.3g} s (the attempt's deadline)", True
+            return None, True
         except urllib.error.HTTPError as exc:
             exc.close()
             if 300 <= exc.code < 400:
@@ -541,13 +686,22 @@ class Notifier:
             retryable = exc.code in (408, 425, 429) or exc.code >= 500
             return f"HTTP {exc.code}", retryable
         except Exception as exc:  # URLError, OSError, and http.client's own (BadStatusLine, IncompleteRead, ...)
+            if deadline.expired:
+                return f"no complete answer within {timeout_s:.3g} s (the attempt's deadline)", True
             return f"{type(exc).__name__}: {getattr(exc, 'reason', exc)}", True
+        finally:
+            timer.cancel()
+            deadline.expire()  # the connection is closed by now; a socket left behind is shut
 
-    def _finish(self, post: _Post, outcome: str) -> None:
-        """Once per post: from the delivery thread, or the delivered-ids writer's when its record is written."""
+    def _delivered(self, post: _Post) -> None:
+        self._finish(post, "delivered")
+
+    def _finish(self, post: _Post, outcome: str) -> bool:
+        """Once per post (True: this call finished it): from the delivery thread, the timer thread, or the
+        delivered-ids writer's when its record is written."""
         with self._lock:
             if post.done.is_set():
-                return
+                return False
             self._unposted.pop(post.seq, None)
             posts = self._outstanding.get(post.result_id)
             if posts is not None:
@@ -557,6 +711,7 @@ class Notifier:
             post.done.set()
         self.instruments.notifications.labels(outcome=outcome).inc()
         self.instruments.pending.dec()
+        return True
 
     def close(self, timeout_s: float = 10.0) -> None:
         """Deliver what is queued within the deadline; what is left stays undelivered (and uncommitted)."""
@@ -564,6 +719,8 @@ class Notifier:
         self._queue.put(None)
         if self._thread.is_alive():
             self._thread.join(timeout_s)
+        if self._timer.is_alive():
+            self._timer.join(1.0)
         if self.delivered_ids is not None:
             self.delivered_ids.close(max(0.5, timeout_s))
 

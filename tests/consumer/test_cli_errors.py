@@ -247,3 +247,8 @@ def test_kafka_noise_drops_what_says_nothing_and_rate_limits_connection_lines() 
         time.sleep(0.25)
         assert not noise.filter(record("kafka.net.manager", logging.ERROR, failed, "ECONNREFUSED"))
         assert noise.filter(record("kafka.consumer.fetcher", logging.WARNING, "not a connection line"))
+        # a failed fetch (once a second while the broker is down mid-read: export, compare) is a connection line
+        fetch = "Fetch to node %s failed: %s"
+        assert not noise.filter(record("kafka.consumer.fetcher", logging.ERROR, fetch, 111, "ECONNREFUSED"))
+    assert noise.filter(record("kafka.consumer.fetcher", logging.ERROR, fetch, 111, "ECONNREFUSED"))
+    assert not noise.filter(record("kafka.consumer.fetcher", logging.ERROR, fetch, 111, "ECONNREFUSED"))

@@ -264,3 +264,83 @@ def test_a_restart_that_replays_the_judged_conversations_notifies_none_twice(
     ids = [json.loads(d.body)["id"] for d in receiver.accepted()]
     assert len(ids) == 7 and len(set(ids)) == 7
     assert all(verify(SECRET, d.body, d.headers[SIGNATURE_HEADER.lower()]) for d in receiver.accepted())
+
+
+def _first_offsets_of(bootstrap: str, topic: str, conversations: set[str]) -> dict[int, int]:
+    """Per partition, the offset of the first record naming one of `conversations` (in its key or value), else the
+    partition's high watermark: where a consumer holding those uncommitted commits to."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    from tracejudge.consumer.topic_reader import records_to_end
+
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    try:
+        partitions = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
+        first: dict[int, int] = {}
+        for record in records_to_end(consumer, partitions, what=topic, stall_s=30):
+            named = (record.key or b"") + b"\x00" + (record.value or b"")
+            if record.partition not in first and any(c.encode() in named for c in conversations):
+                first[record.partition] = record.offset
+        return {tp.partition: first.get(tp.partition, consumer.highwater(tp) or 0) for tp in partitions}
+    finally:
+        consumer.close()
+
+
+def _committed(bootstrap: str, topic: str, group: str, partitions: list[int]) -> dict[int, int]:
+    from kafka import KafkaConsumer, TopicPartition
+
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False)
+    try:
+        return {p: consumer.committed(TopicPartition(topic, p)) or 0 for p in partitions}
+    finally:
+        consumer.close()
+
+
+@pytest.mark.timeout(600)
+def test_notifications_still_failing_at_a_stop_keep_their_conversations_uncommitted_and_a_restart_sends_them(
+    broker: EmbeddedBroker, topic: str, judge_server: JudgeServer
+) -> None:
+    """At least once across a stop: the endpoint refuses (500) until the consumer stops; the consumer commits up to
+    the first record of a conversation whose notification is pending, never past it; the restart, the endpoint
+    healthy, sends all 7."""
+    judge_server.responder = scripted()
+    with WebhookReceiver(status=500) as receiver:
+        settings = consumer_settings(
+            broker.bootstrap_servers, topic, metrics="failure_rate", notify_url=[receiver.url], notify_retry_for=300.0
+        )
+        with RunningConsumer(settings) as first:
+            play(traced_app(broker.bootstrap_servers, topic), conversations())
+            wait_for(lambda: first.sessions("judged") == COUNT, what="30 judged", timeout=180)
+            wait_for(lambda: receiver.refused() >= 7, what="refused")
+            pending = {f"conv-{i:02d}" for i in HALLUCINATED}
+            group, queue, judges = settings.group_id, f"{settings.group_id}-judge-queue", f"{settings.group_id}-judges"
+            # The barrier: every input record committed (state and jobs durable), and the judge queue committed up to
+            # the first job of a conversation whose notification is pending, every job before it committed.
+            inputs = _first_offsets_of(broker.bootstrap_servers, topic, set())  # the high watermarks
+            expected = _first_offsets_of(broker.bootstrap_servers, queue, pending)
+            seen: list[tuple[dict[int, int], dict[int, int]]] = []
+
+            def committed_up_to_the_pending() -> bool:
+                seen.append(
+                    (
+                        _committed(broker.bootstrap_servers, topic, group, list(inputs)),
+                        _committed(broker.bootstrap_servers, queue, judges, list(expected)),
+                    )
+                )
+                return seen[-1] == (inputs, expected)
+
+            try:
+                wait_for(committed_up_to_the_pending, what="committed up to the pending conversations", timeout=90)
+            except AssertionError:
+                raise AssertionError(f"committed {seen[-1]}, expected {(inputs, expected)}") from None
+            assert first.value("tracejudge_notifications_pending") == 7
+        assert _committed(broker.bootstrap_servers, queue, judges, list(expected)) == expected  # nothing more at stop
+        receiver.status = 200
+        with RunningConsumer(settings):
+            wait_for(
+                lambda: len({json.loads(d.body)["id"] for d in receiver.accepted()}) == len(HALLUCINATED),
+                what="all 7 delivered after the restart",
+                timeout=240,
+            )
+    ids = [json.loads(d.body)["id"] for d in receiver.accepted()]
+    assert len(set(ids)) == len(HALLUCINATED)

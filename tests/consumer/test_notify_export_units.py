@@ -97,6 +97,9 @@ def test_slack_body_and_signature() -> None:
         ({"TRACEJUDGE_NOTIFY_URL": "hooks.example.com"}, "--notify-url / TRACEJUDGE_NOTIFY_URL: 'hooks.example.com'"),
         ({"TRACEJUDGE_NOTIFY_ON": "failure_rate=halucination"}, "unknown verdict 'halucination'"),
         ({"TRACEJUDGE_TRACE_URL_TEMPLATE": "http://t/{trace}"}, "unknown field 'trace'"),
+        ({"TRACEJUDGE_NOTIFY_RETRY_FOR": "nan"}, "must be a finite number of seconds"),  # nan once passed `<= 0`
+        ({"TRACEJUDGE_NOTIFY_RETRY_FOR": "inf"}, "must be a finite number of seconds"),
+        ({"TRACEJUDGE_NOTIFY_RETRY_FOR": "700000"}, "at most 7 days"),
     ],
 )
 def test_bad_notify_settings_are_one_line_and_exit_2(env: dict[str, str], message: str) -> None:
@@ -156,3 +159,19 @@ def test_the_newest_copy_of_a_result_id_wins() -> None:
     assert select([newer, older], Selection(verdicts={"hallucination"})).lines == []
     (line,) = select([newer, older], Selection()).lines
     assert line["verdict"] == "honest_fallback" and line["reason"] == "r"
+
+
+def test_a_replay_whose_judge_call_failed_does_not_erase_the_verdict() -> None:
+    """The same result id written again without a verdict (its re-judgement failed) once became the newest copy and
+    dropped the conversation from `export --verdict hallucination`."""
+    judged = record("c1", "r1", "hallucination")
+    failed = {**judged, "verdict": None, "error": "judge timed out", "judged_at": "2026-12-01T01:00:00+00:00"}
+    export = select([judged, failed], Selection(verdicts={"hallucination"}))
+    assert [line["conversation_id"] for line in export.lines] == ["c1"]
+    assert export.lines[0]["verdict"] == "hallucination"
+
+
+@pytest.mark.parametrize("horizon", [float("nan"), float("inf"), 0.0])
+def test_a_notifier_refuses_a_horizon_that_is_not_a_finite_positive_number(horizon: float) -> None:
+    with pytest.raises(ValueError, match="retry_for_s must be a finite number of seconds"):
+        Notifier(["http://127.0.0.1:9/hook"], retry_for_s=horizon)
