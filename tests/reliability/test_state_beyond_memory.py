@@ -39,7 +39,7 @@ def judged(server: JudgeServer) -> list[tuple[str, str, bool]]:
 
 def sentinels_judged(server: JudgeServer, names: list[str]) -> bool:
     texts = [conversation_text(r) for r in list(server.requests)]
-    return all(sum(name in t for t in texts) >= 2 for name in names)
+    return all(sum(f"{name} question" in t for t in texts) >= 2 for name in names)
 
 
 def write_backlog(broker: EmbeddedBroker, topic: str) -> None:
@@ -50,12 +50,12 @@ def write_backlog(broker: EmbeddedBroker, topic: str) -> None:
     provider.shutdown()
 
 
-def barrier(broker: EmbeddedBroker, topic: str, server: JudgeServer) -> None:
+def barrier(broker: EmbeddedBroker, topic: str, server: JudgeServer, prefix: str = "") -> None:
     """A sentinel conversation per partition, written after the backlog and judged: every backlog record was read
     before it, so any call a bound caused (an early cut, then the whole) would have been made by then."""
     names: dict[int, str] = {}
     for i in range(100):
-        names.setdefault(state_partition(f"sentinel-{i}", 3), f"sentinel-{i}")
+        names.setdefault(state_partition(f"{prefix}sentinel-{i}", 3), f"{prefix}sentinel-{i}")
     provider = traced_app(broker.bootstrap_servers, topic)
     play(provider, {cid: [(f"{cid} question", "answer")] for cid in names.values()})
     provider.shutdown()

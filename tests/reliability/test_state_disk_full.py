@@ -24,13 +24,13 @@ import pytest
 
 from tests.conftest import missing_part
 from tests.consumer.test_pipeline import scripted_judge
+from tests.reliability.test_state_beyond_memory import barrier
 from tests.reliability.test_state_windows import Replica
 from tests.support.judge_server import JudgeServer, conversation_text, metric_of
 from tests.support.pipeline import play, traced_app, wait_for
 from tracejudge.consumer.conversation import store as store_module
 from tracejudge.consumer.conversation.store import LocalStore, StoreError, decode, encode
 from tracejudge.consumer.embedded_broker import EmbeddedBroker
-from tracejudge.consumer.streams.partitioner import state_partition
 
 from ..consumer.test_state_writes import state_with_everything
 
@@ -144,23 +144,6 @@ def whole_everywhere(server: JudgeServer, prefix: str) -> bool:
     return len({(c, m) for c, m, whole in judged(server, prefix) if whole}) == 2 * CONVERSATIONS
 
 
-def barrier(broker: EmbeddedBroker, topic: str, server: JudgeServer, tag: str) -> None:
-    """A sentinel conversation per partition, written after the backlog and judged: every backlog record was read
-    before it, so every call the backlog causes was made by then."""
-    names: dict[int, str] = {}
-    for i in range(100):
-        names.setdefault(state_partition(f"{tag}-sentinel-{i}", 3), f"{tag}-sentinel-{i}")
-    provider = traced_app(broker.bootstrap_servers, topic)
-    play(provider, {cid: [(f"{cid} question", "answer")] for cid in names.values()})
-    provider.shutdown()
-
-    def done() -> bool:
-        texts = [conversation_text(r) for r in list(server.requests)]
-        return all(sum(f"{name} question" in t for t in texts) >= 2 for name in names.values())
-
-    wait_for(done, timeout=240, what="the sentinels judged")
-
-
 @pytest.mark.timeout(900)
 def test_a_full_disk_is_counted_said_never_a_silent_cut_and_recovers_without_a_restart(
     broker: EmbeddedBroker, topic: str, judge_server: JudgeServer, tmp_path: Path, tiny_disk: Volume
@@ -182,7 +165,7 @@ def test_a_full_disk_is_counted_said_never_a_silent_cut_and_recovers_without_a_r
     try:
         # -- the disk fills: counted, said; what the bound cuts is counted and said, then judged whole -------------
         wait_for(lambda: whole_everywhere(judge_server, "full"), timeout=300, what="every conversation judged whole")
-        barrier(broker, topic, judge_server, "full")
+        barrier(broker, topic, judge_server, "full-")
         errors = replica.metric("tracejudge_state_store_errors_total", reason="disk_full")
         cut = replica.metric("tracejudge_conversations_completed_total", completed_by="memory_bound")
         text = log.read_text()
@@ -215,7 +198,7 @@ def test_a_full_disk_is_counted_said_never_a_silent_cut_and_recovers_without_a_r
         errors_recovered = replica.metric("tracejudge_state_store_errors_total", reason="disk_full")
         backlog(broker, topic, "again")
         wait_for(lambda: whole_everywhere(judge_server, "again"), timeout=300, what="the second backlog judged")
-        barrier(broker, topic, judge_server, "again")
+        barrier(broker, topic, judge_server, "again-")
         again = judged(judge_server, "again")
         errors_after = replica.metric("tracejudge_state_store_errors_total", reason="disk_full")
         cut_after = replica.metric("tracejudge_conversations_completed_total", completed_by="memory_bound")
