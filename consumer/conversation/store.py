@@ -98,18 +98,23 @@ class LocalStore:
         if time.monotonic() - self._reopened_at < REOPEN_EVERY_S:
             raise StoreError(f"{failed} (the store reopens within {REOPEN_EVERY_S:.0f}s)", failed.reason)
         self._reopened_at = time.monotonic()
+        try:  # opened first (it takes no lock), so reads never lose a handle
+            fallback = Rdict(str(self.path), options=self._options(), access_type=AccessType.read_only())
+        except Exception as exc:  # the directory is not even readable now: keep the old handle (reads still work)
+            raise StoreError(f"{failed} (reopening it failed too: {exc})", failed.reason) from exc
         self.close()
-        for info_log in sorted(self.path.glob("LOG.old.*"))[:-KEEP_INFO_LOGS]:  # a failed open purges none
-            info_log.unlink(missing_ok=True)
+        try:  # a failed open purges none; a disk gone read-only or failing must not stop the stream thread
+            for info_log in sorted(self.path.glob("LOG.old.*"))[:-KEEP_INFO_LOGS]:
+                info_log.unlink(missing_ok=True)
+        except OSError:
+            pass
         try:
             self._db = self._open()
         except StoreError as exc:
             self._broken = exc
-            try:
-                self._db = Rdict(str(self.path), options=self._options(), access_type=AccessType.read_only())
-            except Exception:  # nor read-only: reads fail too until the disk is back
-                pass
+            self._db = fallback
             raise
+        fallback.close()
         self._broken = None
 
     def get(self, conversation_id: str) -> ConversationState | None:

@@ -111,6 +111,34 @@ def test_the_store_reopens_after_a_full_disk_and_writes_again(
     store.close()
 
 
+def test_a_full_disk_that_goes_read_only_keeps_the_store_readable_and_raises_only_store_errors(
+    tiny_disk: Volume, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A disk that fails further (remounted read-only, as ext4's errors=remount-ro does) while the store reopens:
+    every write is a StoreError (counted by the caller, never an exception that stops the stream thread) and what is
+    on disk is still read back; once the disk is writable and has room, the same store writes again."""
+    store = LocalStore(tiny_disk.path / "db")
+    value = encode(state_with_everything())
+    with pytest.raises(StoreError):
+        for n in range(10_000):
+            store.write([(f"c{n}-{i}", value) for i in range(8)])
+    monkeypatch.setattr(store_module, "REOPEN_EVERY_S", 0.0)
+    for _ in range(10):  # past KEEP_INFO_LOGS: every later reopen prunes an info log
+        with pytest.raises(StoreError):
+            store.write([("x", value)])
+    subprocess.run(["mount", "-o", "remount,ro", str(tiny_disk.path)], check=True, capture_output=True)
+    try:
+        for _ in range(3):
+            with pytest.raises(StoreError):
+                store.write([("x", value)])
+            assert store.get("c0-0") is not None
+    finally:
+        subprocess.run(["mount", "-o", f"remount,rw,size={GROWN}", str(tiny_disk.path)], check=True)
+    store.write([("x", value)])
+    assert store.get("x") is not None
+    store.close()
+
+
 def backlog(broker: EmbeddedBroker, topic: str, prefix: str) -> None:
     """Every first turn, then every second turn and end marker: as wide as the backlog, far past the bound."""
     provider = traced_app(broker.bootstrap_servers, topic)
