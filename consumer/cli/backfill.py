@@ -130,36 +130,25 @@ class BackfillReport:
 
 
 def _existing_result_ids(consumer_factory: Any, bootstrap: str, topic: str, config: dict[str, Any]) -> set[str]:
+    """The result ids already on the results topic, read to its high watermark (as `compare` reads it)."""
     from kafka import TopicPartition
+
+    from ..topic_reader import partitions_for, records_to_end, stall_bound_s
 
     consumer = consumer_factory(bootstrap_servers=bootstrap, enable_auto_commit=False, **config)
     ids: set[str] = set()
+    what = f"the results topic {topic!r}"
+    stall_s = stall_bound_s(config)
     try:
-        partitions = consumer.partitions_for_topic(topic) or set()
-        assigned = [TopicPartition(topic, p) for p in partitions]
+        partitions = partitions_for(consumer, topic, what=what, stall_s=stall_s)
+        assigned = [TopicPartition(topic, p) for p in sorted(partitions)]
         if not assigned:
             return ids
-        consumer.assign(assigned)
-        consumer.seek_to_beginning(*assigned)
-        idle_polls = 0
-        while idle_polls < 3:
-            batches = consumer.poll(timeout_ms=500)
-            if not batches:
-                idle_polls += 1
-                caught_up = all(
-                    consumer.highwater(tp) is not None and consumer.position(tp) >= consumer.highwater(tp)
-                    for tp in assigned
-                )
-                if caught_up:
-                    break
+        for record in records_to_end(consumer, assigned, what=what, stall_s=stall_s):
+            try:
+                ids.add(json.loads(record.value)["result_id"])
+            except (ValueError, KeyError, TypeError):
                 continue
-            idle_polls = 0
-            for records in batches.values():
-                for record in records:
-                    try:
-                        ids.add(json.loads(record.value)["result_id"])
-                    except (ValueError, KeyError, TypeError):
-                        continue
     finally:
         consumer.close()
     return ids
