@@ -165,6 +165,7 @@ class Assembler(AsyncConsumerRebalanceListener):
         self.bounds.hold_bytes(tasks)
         self.processor.dispatch(tasks)
         self.clock.broadcast(tasks, self.collector)
+        self.collector.wake()  # once a round: the sends of this round go out (`record_collector.DeferredWakeup`)
 
     def close(self, grace_s: float) -> None:
         """Commit what is done, then leave the group (`membership`): the partitions move at once, restored by their next

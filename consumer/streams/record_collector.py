@@ -3,11 +3,21 @@
 One producer writes the internal topics (repartition, changelog, judge queue); a KafkaWriter sets malformed input
 aside in the dead-letter topic. A send that fails is remembered (`failed`) until the committer recovered from it,
 so nothing is committed past a record that was never written; `flushed` says whether everything sent was answered.
+
+kafka-python (3.0.12) wakes its sender thread each time a send opens or fills a batch: a byte down a socket pair, a
+system call that gives up the GIL, and a round of the sender's loop in Python while the stream thread waits to get
+the GIL back. That was a tenth of the stream thread's time (with the sender's extra rounds on top).
+`DeferredWakeup` holds those wake-ups while the stream thread sends and gives the sender one per round of the stream
+thread (`wake`, at the end of `Assembler.step`), as Kafka Streams' producer sends without waiting: a record waits at
+most one round (and `flush` wakes the sender at once), or until `WAKE_EVERY` wake-ups were held (a large burst
+goes out while it is being written). A send to a topic whose metadata the producer lacks is not deferred: its send
+waits on a metadata answer that needs the sender awake.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -25,12 +35,65 @@ from .topics import InternalTopics
 
 logger = logging.getLogger("tracejudge.consumer.streams")
 PRODUCER_BATCH_BYTES = 256 * 1024
+WAKE_EVERY = 32  # wake-ups held at most before the sender is woken anyway (32 full batches: 8 MiB)
 
 
 def _acknowledged(task: Task, meta: Any) -> None:
     offset = getattr(meta, "offset", None)
     if isinstance(offset, int) and offset >= 0:
         task.changelog_acked = max(task.changelog_acked or 0, offset + 1)
+
+
+class DeferredWakeup:
+    """Installed on one KafkaProducer's sender: the wake-ups its sends ask for on the stream thread are held until
+    `wake` (see the module's docstring); every other wake-up (flush, close, a metadata wait) goes through at once."""
+
+    def __init__(self, producer: Any) -> None:
+        self.producer = producer
+        self._metadata = producer._metadata
+        self._sender = producer._sender
+        self._wakeup = self._sender.wakeup
+        self._sending: tuple[int, str] | None = None  # (thread, topic) of the send in progress
+        self.held = 0  # wake-ups held since the sender last was woken
+        self._sender.wakeup = self._asked
+
+    @classmethod
+    def install(cls, producer: Any) -> DeferredWakeup | None:
+        """None for a producer without kafka-python's sender and metadata (e.g. a fake): left alone."""
+        sender, metadata = getattr(producer, "_sender", None), getattr(producer, "_metadata", None)
+        if not callable(getattr(sender, "wakeup", None)):
+            return None
+        if not callable(getattr(metadata, "partitions_for_topic", None)):
+            return None
+        return cls(producer)
+
+    def send(self, topic: str, **kwargs: Any) -> Any:
+        """The producer's `send`, its wake-ups held."""
+        self._sending = (threading.get_ident(), topic)
+        try:
+            return self.producer.send(topic, **kwargs)
+        finally:
+            self._sending = None
+            if self.held >= WAKE_EVERY:
+                self.wake()
+
+    def _asked(self) -> None:
+        sending = self._sending
+        if (
+            sending is not None
+            and sending[0] == threading.get_ident()
+            and self._metadata.partitions_for_topic(sending[1]) is not None
+        ):
+            self.held += 1
+        else:
+            self.held = 0  # woken now: for those held too
+            self._wakeup()
+
+    def wake(self) -> None:
+        """The sender wakes for the wake-ups held (if any)."""
+        if self.held:
+            self.held = 0
+            self._wakeup()
 
 
 class RecordCollector:
@@ -48,6 +111,7 @@ class RecordCollector:
         self.topics = topics
         self.producer_factory = producer_factory
         self.producer: KafkaProducer | None = None
+        self._wakeup: DeferredWakeup | None = None
         self.dead_letter: KafkaWriter | None = None
         self._failed = False
         self._send_log = RateLimitedLog(logger, interval_s=10.0)
@@ -80,7 +144,9 @@ class RecordCollector:
             "linger_ms": 5,
             "batch_size": PRODUCER_BATCH_BYTES,
         }
-        return self.producer_factory(**{**config, **settings.producer_config()})
+        producer = self.producer_factory(**{**config, **settings.producer_config()})
+        self._wakeup = DeferredWakeup.install(producer)
+        return producer
 
     def renew(self) -> None:
         """A send failed for good: a fresh producer, the failure cleared (an idempotent producer whose id the brokers
@@ -97,8 +163,9 @@ class RecordCollector:
         """`acked`: the task whose `changelog_acked` follows this record's acknowledgement."""
         assert self.producer is not None
         raw_key = key if isinstance(key, bytes) else key.encode("utf-8", "surrogatepass")
+        send = self.producer.send if self._wakeup is None else self._wakeup.send
         try:
-            future = self.producer.send(topic, key=raw_key, value=value, headers=R.header(kind), **kwargs)
+            future = send(topic, key=raw_key, value=value, headers=R.header(kind), **kwargs)
         except Exception as exc:
             self._send_error(topic, exc)
             return
@@ -106,6 +173,11 @@ class RecordCollector:
         future.add_errback(lambda exc: self._send_error(topic, exc) if producer is self.producer else None)
         if acked is not None:
             future.add_callback(lambda meta: _acknowledged(acked, meta))
+
+    def wake(self) -> None:
+        """The producer's sender wakes for what was sent since (once a round of the stream thread)."""
+        if self._wakeup is not None:
+            self._wakeup.wake()
 
     def _send_error(self, topic: str, exc: BaseException) -> None:
         self._failed = True
@@ -129,7 +201,7 @@ class RecordCollector:
         nothing is committed, the producer keeps retrying and the next commit tries again)."""
         assert self.producer is not None
         try:
-            self.producer.flush(timeout=timeout_s)
+            self.producer.flush(timeout=timeout_s)  # wakes the sender, also for the wake-ups held
         except KafkaTimeoutError:
             self._send_log.warning(
                 "internal topics unacknowledged after %.0fs: nothing is committed until they are (check the brokers)",
