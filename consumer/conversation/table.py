@@ -306,9 +306,10 @@ class ConversationTable:
             self._complete(state, "turn_cap", ts_ms)
 
     def verdict(self, conversation_id: str, cid_content: str, outcome: str, ts_ms: int) -> None:
-        """The judges' outcome for a snapshot (judged, failed, sampled out, skipped for budget)."""
+        """The judges' outcome for a snapshot (judged, failed, sampled out, skipped for budget). The outcome it
+        already has (a sampled-out one recorded at dispatch, a replayed verdict) changes nothing: nothing to write."""
         state = self._resident(conversation_id)
-        if state is None or cid_content not in state.dispatched:
+        if state is None or state.dispatched.get(cid_content, outcome) == outcome:
             return
         state.dispatched[cid_content] = outcome
         self._touch(state)

@@ -21,6 +21,7 @@ from ..conversation.job import MAX_FIELD_CHARS, JudgeJob
 from ..conversation.reading import read_events
 from ..conversation.textless import TextlessSpans
 from ..emit.prometheus import ConsumerInstruments
+from ..judgement import OUTCOME_SAMPLED_OUT
 from . import records as R
 from .clock import record_time
 from .instruments import StreamsInstruments
@@ -49,6 +50,8 @@ def _clipped(event: ConversationEvent) -> dict[str, Any]:
 
 def _chunks(events: list[dict[str, Any]]) -> list[bytes]:
     """Routed events in records of at most ROUTED_RECORD_BYTES (one event a record at the very least)."""
+    if len(events) == 1:  # the usual record (a turn): encoded once, not measured first
+        return [R.dumps({"events": events})]
     out: list[bytes] = []
     batch: list[dict[str, Any]] = []
     size = 0
@@ -168,7 +171,11 @@ class Processor:
             logger.warning("unreadable repartition record at %d/%d: %r", record.partition, record.offset, exc)
 
     def dispatch(self, tasks: Iterable[Task]) -> None:
-        """The active tasks' completed conversations to the judge queue, each marked sampled or not."""
+        """The active tasks' completed conversations to the judge queue, each marked sampled or not.
+
+        A job sampled out is answered by the judge worker with exactly that outcome: it is recorded at once, so the
+        conversation's state goes to the changelog once with its completion instead of again when the answer comes
+        (which then changes nothing)."""
         for task in active(tasks):
             for dispatch in task.table.take_dispatches():
                 job = dispatch.job
@@ -182,6 +189,8 @@ class Processor:
                     timestamp_ms=dispatch.completed_ms,
                 )
                 self.instruments.completed.labels(completed_by=job.completed_by).inc()
+                if not sampled:
+                    task.table.verdict(job.conversation_id, job.content_id, OUTCOME_SAMPLED_OUT, dispatch.completed_ms)
 
     def _malformed(self, record: Any, reason: str) -> None:
         self.prometheus.record_records("malformed")

@@ -3,6 +3,7 @@ record cache), MessagePack states that read back equal, the JSON an older versio
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 from tracejudge.consumer.adapters import ConversationEvent, Feedback, Turn
@@ -83,3 +84,38 @@ def test_what_messagepack_cannot_carry_is_written_as_json() -> None:
     kind, value = R.encode_state(state)
     assert kind == R.STATE
     assert R.decode_state(kind, value) == state
+
+
+def test_a_sampled_out_conversation_is_written_once_with_its_outcome() -> None:
+    asm = assembler()
+    asm.processor.select = lambda job: False  # sampled out: the judge worker answers "sampled_out"
+    task = Task(0, asm.state.new_table(), restoring=False, input_position=4)
+    asm.tasks = {0: task}
+    for n in range(3):
+        task.table.apply(turn("quiet", n), 1000 + n)
+    task.table.apply(ConversationEvent("quiet", "a", ended=True), 1003)
+    asm.processor.dispatch([task])
+    asm.commit()
+    producer = asm.collector.producer
+    assert isinstance(producer, FakeProducer)
+    assert [topic for topic, key, _ in producer.sent if key == b"quiet"] == [
+        asm.topics.judge_queue,
+        asm.topics.changelog,
+    ]
+    state = task.table.get("quiet")
+    assert state is not None and state.last_content_id is not None
+    content = state.last_content_id
+    assert state.dispatched == {content: "sampled_out"}  # written with its completion
+    answer = {"content_id": content, "outcome": "sampled_out"}
+    asm.processor.repartitioned(task, verdict_record(b"quiet", answer))  # the judge worker's answer
+    task.repartition_position = 1
+    asm.commit()
+    assert changelog_writes(producer, asm).count(b"quiet") == 1  # it changed nothing: not written again
+    asm.processor.repartitioned(task, verdict_record(b"quiet", {"content_id": content, "outcome": "judged"}))
+    asm.commit()
+    assert changelog_writes(producer, asm).count(b"quiet") == 2  # another outcome is a change: written
+    assert state.dispatched == {content: "judged"}
+
+
+def verdict_record(key: bytes, value: object) -> SimpleNamespace:
+    return SimpleNamespace(headers=R.header(R.VERDICT), key=key, value=R.dumps(value), timestamp=2000, partition=0)
