@@ -173,9 +173,9 @@ class Processor:
     def dispatch(self, tasks: Iterable[Task]) -> None:
         """The active tasks' completed conversations to the judge queue, each marked sampled or not.
 
-        A job sampled out is answered by the judge worker with exactly that outcome: it is recorded at once, so the
-        conversation's state goes to the changelog once with its completion instead of again when the answer comes
-        (which then changes nothing)."""
+        A job sampled out is answered by the judge worker with exactly that outcome: it is recorded at once
+        (`answered_early`), so the conversation's state goes to the changelog once, with its completion, instead of
+        again when the answer comes."""
         for task in active(tasks):
             for dispatch in task.table.take_dispatches():
                 job = dispatch.job
@@ -190,7 +190,9 @@ class Processor:
                 )
                 self.instruments.completed.labels(completed_by=job.completed_by).inc()
                 if not sampled:
-                    task.table.verdict(job.conversation_id, job.content_id, OUTCOME_SAMPLED_OUT, dispatch.completed_ms)
+                    task.table.answered_early(
+                        job.conversation_id, job.content_id, OUTCOME_SAMPLED_OUT, dispatch.completed_ms
+                    )
 
     def _malformed(self, record: Any, reason: str) -> None:
         self.prometheus.record_records("malformed")

@@ -119,3 +119,22 @@ def test_a_sampled_out_conversation_is_written_once_with_its_outcome() -> None:
 
 def verdict_record(key: bytes, value: object) -> SimpleNamespace:
     return SimpleNamespace(headers=R.header(R.VERDICT), key=key, value=R.dumps(value), timestamp=2000, partition=0)
+
+
+def test_the_answer_to_an_outcome_recorded_early_leaves_a_forced_judgement_waiting() -> None:
+    table = ConversationTable()
+    for n in range(2):
+        table.apply(turn("c", n), 1000 + n)
+    table.apply(ConversationEvent("c", "a", ended=True), 1002)
+    (first,) = table.take_dispatches()
+    content = first.job.content_id
+    table.answered_early("c", content, "sampled_out", 1002)  # as the processor does for a job sampled out
+    table.apply(ConversationEvent("c", "a", feedback=Feedback(-1.0, "thumbs_down", "bad", "fb-1")), 1003)
+    (forced,) = table.take_dispatches()  # negative feedback on a snapshot not judged: judged now, forced
+    assert forced.job.negative_feedback and forced.job.content_id == content
+    state = table.get("c")
+    assert state is not None and state.dispatched == {content: None}
+    table.verdict("c", content, "sampled_out", 1004)  # the judge worker's answer to the first job
+    assert state.dispatched == {content: None}  # not taken for the forced judgement's outcome
+    table.verdict("c", content, "judged", 1005)
+    assert state.dispatched == {content: "judged"}
