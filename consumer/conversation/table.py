@@ -337,6 +337,7 @@ class ConversationTable:
         already applied: a forced judgement of the same content (negative feedback meanwhile) keeps waiting for its
         own. Remembered in memory only (up to MAX_ANSWERED_EARLY): after a restart the restored state already holds
         the outcome, and the answer changes nothing."""
+        self._early.pop(cid_content, None)  # else `verdict` takes this call for an earlier answer still due
         self.verdict(conversation_id, cid_content, outcome, ts_ms)
         self._early[cid_content] = outcome
         while len(self._early) > MAX_ANSWERED_EARLY:
