@@ -139,7 +139,7 @@ class Delivery:
                 break
         waiting = []
         for judgement, deliveries in self._awaiting:
-            if all(delivered.is_set() for delivered in deliveries):
+            if not deliveries or all(delivered.is_set() for delivered in deliveries):  # without a generator when none
                 try:
                     self.prometheus.record_verdict_delay(judgement)
                 except Exception:

@@ -130,8 +130,9 @@ def job_from_json(data: dict[str, Any], *, key: str, partition: int) -> tuple[Ju
     return job, bool(data["sampled"]), int(data["completed_ms"])
 
 
-class _TurnRecord(msgspec.Struct, forbid_unknown_fields=True):
-    """A job's turn as `job_to_json` writes it: Turn's fields, types and defaults (a test keeps them the same)."""
+class _TurnRecord(msgspec.Struct, forbid_unknown_fields=True, gc=False):
+    """A job's turn as `job_to_json` writes it: Turn's fields, types and defaults (a test keeps them the same).
+    Read records hold no cycles: `gc=False` keeps them out of the collector's passes, as `_JobRecord`."""
 
     span_id: str
     trace_id: str
@@ -146,7 +147,7 @@ class _TurnRecord(msgspec.Struct, forbid_unknown_fields=True):
     output_from_body: bool = False
 
 
-class _JobRecord(msgspec.Struct):
+class _JobRecord(msgspec.Struct, gc=False):
     conversation_id: str
     agent: str
     version: int
