@@ -120,6 +120,16 @@ class Delivery:
                 deliveries.extend(acknowledged)
         return deliveries
 
+    def wait_for_outputs(self, timeout_s: float) -> bool:
+        """Wait up to `timeout_s` for the oldest output not yet durable of the judgements awaited (as of the last
+        `drain()`, on the same thread); False at once when none is awaited: there is nothing to wait for."""
+        for _judgement, deliveries in self._awaiting:
+            for delivered in deliveries:
+                if not delivered.is_set():
+                    delivered.wait(timeout_s)
+                    return True
+        return bool(self._awaiting)
+
     def drain(self, finish: Callable[[Judgement], None]) -> None:
         """`finish` every judgement whose outputs are durable; the others keep waiting."""
         while True:
@@ -129,7 +139,7 @@ class Delivery:
                 break
         waiting = []
         for judgement, deliveries in self._awaiting:
-            if all(delivered.is_set() for delivered in deliveries):
+            if not deliveries or all(delivered.is_set() for delivered in deliveries):  # without a generator when none
                 try:
                     self.prometheus.record_verdict_delay(judgement)
                 except Exception:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -68,6 +69,19 @@ def outcome_record(judgement: Judgement, metric: str) -> dict[str, Any]:
     record = result_record(judgement, result)
     record["threshold"] = None
     return record
+
+
+def outcome_records(judgement: Judgement, metrics: Sequence[str]) -> list[dict[str, Any]]:
+    """`outcome_record` of each metric: built once, the others differ only in their metric and result id (a sampled
+    out conversation's records are its whole cost in the results topic)."""
+    if not metrics:
+        return []
+    first = outcome_record(judgement, metrics[0])
+    job = judgement.job
+    return [first] + [
+        {**first, "result_id": result_id(job.conversation_id, metric, job.content_id), "metric": metric}
+        for metric in metrics[1:]
+    ]
 
 
 def result_record(

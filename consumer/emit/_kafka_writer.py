@@ -62,7 +62,7 @@ class KafkaWriter:
         self.max_queue = max_queue
         self.base_backoff_s = base_backoff_s
         self.config = {"bootstrap_servers": bootstrap_servers, "client_id": "tracejudge-writer", **producer_config}
-        self._queue: queue.Queue[_Item] = queue.Queue()
+        self._queue: queue.SimpleQueue[_Item] = queue.SimpleQueue()  # C: a put takes no Python-level lock or condition
         self._retry: list[tuple[float, int, _Item]] = []
         self._order = itertools.count()
         self._lock = threading.Lock()  # counters and the retry heap: written from callers, the worker, the producer

@@ -359,6 +359,9 @@ class ConsumerInstruments:
         for output in ("results_topic", "dead_letter", "otlp", "sink", "notify"):
             self.output_errors.labels(output=output)
         self._seen_agents: set[str] = set()
+        # (agent label, outcome) → its tracejudge_sessions_total series: counted once per conversation, and
+        # `labels()` (a lock and a label check) costs more than the increment
+        self._sessions: dict[tuple[str, str], Any] = {}
         self.canary = CanaryInstruments(registry)
         self.shadow = ShadowInstruments(registry, window_sessions=window_sessions, window_seconds=window_seconds)
         self.notifications = NotificationInstruments(registry)
@@ -381,6 +384,12 @@ class ConsumerInstruments:
                     self.disagreements.labels(agent=label, metric=metric, judge=judge, human=human)
         return label
 
+    def _sessions_of(self, agent: str, outcome: str) -> Any:
+        series = self._sessions.get((agent, outcome))
+        if series is None:  # two threads may both look it up: `labels()` gives both the same series
+            series = self._sessions[(agent, outcome)] = self.conversations.labels(agent=agent, outcome=outcome)
+        return series
+
     def record_judges(self, judges: Iterable[Any]) -> None:
         """tracejudge_judge_info = 1 for each judge (anything with `name`, `model_name` and `rubric_version`)."""
         for judge in judges:
@@ -391,7 +400,7 @@ class ConsumerInstruments:
     def record_judgement(self, judgement: Judgement) -> None:
         agent = self._agent(judgement.job.agent)
         if judgement.outcome != OUTCOME_RETRYING:  # a conversation counts once, at its final outcome
-            self.conversations.labels(agent=agent, outcome=judgement.outcome).inc()
+            self._sessions_of(agent, judgement.outcome).inc()
         for result in judgement.results:  # every attempt's calls: their errors, latency and spend
             self.judge_latency.labels(metric=result.name).observe(result.latency_s)
             if result.cost_usd:

@@ -9,8 +9,10 @@ import threading
 from collections.abc import Sequence
 
 from ..judgement import OUTCOME_SAMPLED_OUT, OUTCOME_SKIPPED_BUDGET, Judgement
-from ..results import outcome_record, result_record
+from ..results import outcome_records, result_record
 from ._kafka_writer import KafkaWriter
+
+_ENCODER = json.JSONEncoder(ensure_ascii=False)  # json.dumps(record, ensure_ascii=False) without a new encoder each
 
 
 class ResultsTopic:
@@ -30,12 +32,12 @@ class ResultsTopic:
             return deliveries
         records = [result_record(judgement, result, transcript=self.transcript) for result in judgement.results]
         have = {result.name for result in judgement.results}
-        records += [outcome_record(judgement, metric) for metric in self.metrics if metric not in have]
+        records += outcome_records(judgement, [metric for metric in self.metrics if metric not in have])
         records += [
             result_record(judgement, result, shadow=True, transcript=self.transcript)
             for result in judgement.shadow_results
         ]
         for record in records:
-            value = json.dumps(record, ensure_ascii=False).encode("utf-8", "surrogatepass")
+            value = _ENCODER.encode(record).encode("utf-8", "surrogatepass")
             deliveries.append(self.writer.write(key, value))
         return deliveries

@@ -51,6 +51,10 @@ from .topics import InternalTopics
 
 logger = logging.getLogger("tracejudge.consumer.judges")
 SETTLED_MEMORY = 65_536  # transcripts whose verdicts this worker remembers, to answer a replayed job without a call
+POLL_S = 0.1  # the longest a step waits for judge-queue records (or, paused, for an output)
+# How often the retry topic is read: a due retry is forwarded at most this late (backoffs are 1 s at least), and an
+# idle worker's polls of it (each a round trip through the consumer's IO thread) take the GIL 2 times a second, not 10.
+RETRY_POLL_S = 0.5
 
 
 class JudgeWorker(AsyncConsumerRebalanceListener):
@@ -80,6 +84,7 @@ class JudgeWorker(AsyncConsumerRebalanceListener):
         self._retry_assigned: set[int] = set()
         self._retry_committed: dict[int, int] = {}
         self._retry_due: dict[int, float] = {}  # retry partition paused on a record not yet due → its time
+        self._retry_poll = 0.0  # monotonic time of the next read of the retry topic
         self._unforwarded: queue.SimpleQueue[Any] = queue.SimpleQueue()  # forwards that failed, sent again
         self._unscheduled: queue.SimpleQueue[tuple[Judgement, threading.Event]] = queue.SimpleQueue()
         self.max_pending = max(4, pool.max_concurrency * 4)
@@ -247,8 +252,13 @@ class JudgeWorker(AsyncConsumerRebalanceListener):
 
     def step(self) -> None:
         assert self.consumer is not None
-        batches = self.consumer.poll(timeout_ms=100, max_records=self.max_pending)
-        if self.retry_consumer is not None and self._retry_assigned and not self.stopping:
+        # Paused on outputs not yet durable (a results topic's acknowledgements): wait for the oldest, not for a poll
+        # of paused partitions to time out (100 ms a round held the worker to max_pending jobs per ~100 ms).
+        waited = self.paused and self.delivery.wait_for_outputs(POLL_S)
+        batches = self.consumer.poll(timeout_ms=0 if waited else int(POLL_S * 1000), max_records=self.max_pending)
+        now = time.monotonic()
+        if self.retry_consumer is not None and self._retry_assigned and not self.stopping and now >= self._retry_poll:
+            self._retry_poll = now + RETRY_POLL_S
             for tp, records in self.retry_consumer.poll(timeout_ms=0).items():
                 self._retry_records(tp, records)
         for tp, records in batches.items():
@@ -368,16 +378,15 @@ class JudgeWorker(AsyncConsumerRebalanceListener):
     def _record(self, partition: int, record: Any) -> None:
         kind = R.kind_of(record.headers)
         try:
-            value = R.loads(record.value)
             if kind == R.JOB:
-                job, sampled, _completed_ms = R.job_from_json(
-                    value, key=f"{partition}:{record.offset}", partition=partition
+                job, sampled, retry_value = R.job_record(
+                    record.value, key=f"{partition}:{record.offset}", partition=partition
                 )
-                retry = retry_from_json(value.get("retry"))
-            elif kind == R.FEEDBACK:
-                self._feedback(record.key.decode("utf-8", "surrogatepass"), value)
-                return
+                retry = retry_from_json(retry_value)
             else:
+                value = R.loads(record.value)
+                if kind == R.FEEDBACK:
+                    self._feedback(record.key.decode("utf-8", "surrogatepass"), value)
                 return
         except Exception as exc:
             self._log.warning("unreadable judge-queue record at %d/%d skipped: %r", partition, record.offset, exc)
@@ -447,7 +456,7 @@ class JudgeWorker(AsyncConsumerRebalanceListener):
         for copy in self._settle(judgement):
             self._finished(Judgement(copy, judgement.outcome))
         assert self.producer is not None
-        value = R.dumps({"content_id": job.content_id, "outcome": judgement.outcome})
+        value = R.verdict_value(job.content_id, judgement.outcome)
         producer = self.producer
         try:
             future = producer.send(
@@ -584,19 +593,28 @@ class JudgeWorker(AsyncConsumerRebalanceListener):
 
     def _count_retrying(self) -> None:
         """tracejudge_judgements_retrying: the records of this worker's retry partitions not yet forwarded (the
-        log end, probed since a waiting partition is paused, minus the position)."""
+        log end minus the position). The retry consumer's fetches tell the log end of the partitions it reads; a
+        waiting partition is paused, so its end is probed (a probe of a partition with nothing past the position
+        waits for the brokers' fetch wait: it held the judge loop ~180 ms every 0.5 s)."""
         assert self.consumer is not None
         positions: dict[TopicPartition, int] = {}
+        ends: dict[TopicPartition, int] = {}
         for partition in sorted(self._retry_assigned):
             tp = TopicPartition(self.topics.judge_retry, partition)
             try:
                 assert self.retry_consumer is not None
                 positions[tp] = self.retry_consumer.position(tp, timeout_ms=0) or 0
+                end = None if tp in self.retry_consumer.paused() else self.retry_consumer.highwater(tp)
             except Exception:
                 return  # a position not known yet (just assigned): counted at the next refresh
-        ends = self.probe.highwaters(positions) if positions else {}
-        if positions and not ends:
-            return  # the probe could not measure (said in its own log): the last count stands
+            if end is not None:
+                ends[tp] = end
+        unknown = {tp: start for tp, start in positions.items() if tp not in ends}
+        if unknown:
+            probed = self.probe.highwaters(unknown)
+            if not probed:
+                return  # the probe could not measure (said in its own log): the last count stands
+            ends.update(probed)
         self.prometheus.retrying.set(sum(max(0, ends.get(tp, start) - start) for tp, start in positions.items()))
 
     def _probe_highwaters(self, partitions: set[int]) -> dict[int, int]:

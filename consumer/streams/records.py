@@ -17,6 +17,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import msgspec
+
 from ..adapters import ConversationEvent, Feedback, Turn
 from ..conversation import codec
 from ..conversation.job import JudgeJob
@@ -48,8 +50,27 @@ def dumps(value: Any) -> bytes:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode("utf-8", "surrogatepass")
 
 
+_decode = msgspec.json.Decoder().decode
+_encode = msgspec.json.Encoder().encode
+
+
 def loads(value: bytes) -> Any:
-    return json.loads(value.decode("utf-8", "surrogatepass"))
+    """msgspec reads a record ~3x faster than json (the judge worker reads every job); it is as strict as json, and
+    what it refuses (a lone surrogate, NaN, a number past a float's range) goes to json, so the result is json's."""
+    try:
+        return _decode(value)
+    except msgspec.DecodeError:
+        return json.loads(value.decode("utf-8", "surrogatepass"))
+
+
+def verdict_value(content_id: str, outcome: str) -> bytes:
+    """A verdict acknowledgement (one per conversation), byte for byte as `dumps` writes it, ~20x faster: a string
+    msgspec refuses (a lone surrogate) goes through `dumps`."""
+    value = {"content_id": content_id, "outcome": outcome}
+    try:
+        return _encode(value)
+    except UnicodeEncodeError:
+        return dumps(value)
 
 
 def event_to_json(event: ConversationEvent) -> dict[str, Any]:
@@ -107,6 +128,84 @@ def job_from_json(data: dict[str, Any], *, key: str, partition: int) -> tuple[Ju
         completed_ms=int(data["completed_ms"]),
     )
     return job, bool(data["sampled"]), int(data["completed_ms"])
+
+
+class _TurnRecord(msgspec.Struct, forbid_unknown_fields=True, gc=False):
+    """A job's turn as `job_to_json` writes it: Turn's fields, types and defaults (a test keeps them the same).
+    Read records hold no cycles: `gc=False` keeps them out of the collector's passes, as `_JobRecord`."""
+
+    span_id: str
+    trace_id: str
+    parent_span_id: str
+    start_ns: int
+    end_ns: int
+    input: str | None
+    output: str | None
+    is_error: bool = False
+    index: int | None = None
+    input_from_body: bool = False
+    output_from_body: bool = False
+
+
+class _JobRecord(msgspec.Struct, gc=False):
+    conversation_id: str
+    agent: str
+    version: int
+    content_id: str
+    turns: list[_TurnRecord]
+    has_error: bool
+    negative_feedback: bool
+    truncated: bool
+    completed_by: str
+    sampled: bool
+    completed_ms: int
+    retry: Any = None
+
+
+_read_job = msgspec.json.Decoder(_JobRecord).decode
+
+
+def job_record(value: bytes, *, key: str, partition: int) -> tuple[JudgeJob, bool, Any]:
+    """A job record's job, whether it was sampled in, and its `retry` field, as `loads` and `job_from_json` read them
+    (~2.5x faster: msgspec reads the record straight into typed fields). A record it refuses (a field, type or value
+    `job_to_json` does not write) is read by those, so the result, or the exception, is theirs."""
+    try:
+        data = _read_job(value)
+    except msgspec.DecodeError:
+        plain_data = loads(value)
+        job, sampled, _completed_ms = job_from_json(plain_data, key=key, partition=partition)
+        return job, sampled, plain_data.get("retry")
+    exchanges = tuple(
+        Turn(
+            t.span_id,
+            t.trace_id,
+            t.parent_span_id,
+            t.start_ns,
+            t.end_ns,
+            t.input,
+            t.output,
+            t.is_error,
+            t.index,
+            t.input_from_body,
+            t.output_from_body,
+        )
+        for t in data.turns
+    )
+    job = JudgeJob(
+        key=key,
+        conversation_id=data.conversation_id,
+        agent=data.agent,
+        partition=partition,
+        version=data.version,
+        exchanges=exchanges,
+        has_error=data.has_error,
+        negative_feedback=data.negative_feedback,
+        truncated=data.truncated,
+        completed_by=data.completed_by,
+        content_id=data.content_id,
+        completed_ms=data.completed_ms,
+    )
+    return job, data.sampled, data.retry
 
 
 def encode_state(state: ConversationState) -> tuple[str, bytes]:
