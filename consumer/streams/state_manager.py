@@ -184,6 +184,11 @@ class StateManager:
                     logger.warning("unreadable changelog state of conversation %r: %r", cid, exc)
         finally:
             if collecting:
+                # The loaded states into the oldest generation unscanned (`unfreeze` puts the frozen objects there):
+                # the young collections that re-enabling would run over them at once cost as much as their decode,
+                # and the next full collection walks them as it walks every long-lived object.
+                gc.freeze()
+                gc.unfreeze()
                 gc.enable()
 
     def _store_tail(self, task: Task, restored: dict[bytes, tuple[str | None, bytes | None]]) -> bool:
