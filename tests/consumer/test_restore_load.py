@@ -183,3 +183,15 @@ def test_every_loader_gives_the_table_the_old_one_gave(
         got = view(memory_only)
         assert got["states"] == states and sorted(got["open"]) == sorted(expected["open"])
         assert got["completed"] and sorted(got["completed"]) == sorted(expected["completed"])
+
+
+def test_loaded_states_wait_in_the_oldest_generation_with_the_collector_on(tmp_path: Path) -> None:
+    """The young collections never walk what a restore loaded (it goes to the oldest generation at once), and the
+    collector runs again afterwards."""
+    import gc
+
+    asm = assembler(state_dir=str(tmp_path))
+    task = restore(asm, fresh(asm, 0))
+    assert gc.isenabled()
+    loaded = task.table.states["c01"]
+    assert any(obj is loaded for obj in gc.get_objects(generation=2))
