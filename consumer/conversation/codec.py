@@ -13,12 +13,23 @@ from dataclasses import fields
 
 import msgspec
 
-from .table import ConversationState
+from .table import OPEN, ConversationState
 
 UNPACKABLE = (UnicodeEncodeError, OverflowError, msgspec.EncodeError)
 _FIELDS = tuple(f.name for f in fields(ConversationState) if f.name != "_dropped")  # the lookup set is derived
 _encode = msgspec.msgpack.Encoder().encode
 _decode = msgspec.msgpack.Decoder(ConversationState).decode
+
+
+class _Activity(msgspec.Struct):
+    """The fields a restore orders conversations by: msgspec skips the rest (turns, ids) without building them."""
+
+    last_ms: int
+    status: str = OPEN
+    completed_ms: int | None = None
+
+
+_decode_activity = msgspec.msgpack.Decoder(_Activity).decode
 
 
 def pack(state: ConversationState) -> bytes:
@@ -30,3 +41,13 @@ def unpack(value: bytes) -> ConversationState:
     state = _decode(value)
     state._dropped = set(state.dropped_span_ids)
     return state
+
+
+def activity_ms(state: ConversationState | _Activity) -> int:
+    """When a conversation was last active (record time): completed, when it completed; else its last record."""
+    return (state.completed_ms or state.last_ms) if state.status != OPEN else state.last_ms
+
+
+def unpack_activity_ms(value: bytes | memoryview) -> int:
+    """`activity_ms` of a packed state, read ~10x faster than `unpack` (a restore orders every state it loads)."""
+    return activity_ms(_decode_activity(value))

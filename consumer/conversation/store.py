@@ -66,6 +66,13 @@ def decode(value: bytes) -> ConversationState:
     return ConversationState.from_json(json.loads(bytes(body).decode("utf-8", "surrogatepass")))
 
 
+def activity_ms(value: bytes) -> int:
+    """`codec.activity_ms` of a stored state, without decoding all of a packed one."""
+    if value[:1] == _PACKED:
+        return codec.unpack_activity_ms(memoryview(value)[1:])
+    return codec.activity_ms(decode(value))
+
+
 def _key(conversation_id: str) -> bytes:
     return conversation_id.encode("utf-8", "surrogatepass")
 

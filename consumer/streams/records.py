@@ -219,3 +219,8 @@ def encode_state(state: ConversationState) -> tuple[str, bytes]:
 def decode_state(kind: str | None, value: bytes) -> ConversationState:
     """A state as `encode_state` (or an older version, in JSON) wrote it."""
     return codec.unpack(value) if kind == STATE_PACKED else ConversationState.from_json(loads(value))
+
+
+def state_activity_ms(kind: str | None, value: bytes) -> int:
+    """`codec.activity_ms` of a state as `encode_state` wrote it, without decoding all of a packed one."""
+    return codec.unpack_activity_ms(value) if kind == STATE_PACKED else codec.activity_ms(decode_state(kind, value))

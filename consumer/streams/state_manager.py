@@ -13,13 +13,15 @@ from __future__ import annotations
 import gc
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from tracejudge._shared.rate_limited_log import RateLimitedLog
 
 from ..conversation.store import LocalStore, StoreError, tagged
+from ..conversation.store import activity_ms as stored_activity_ms
 from ..conversation.store import decode as store_decode
-from ..conversation.table import OPEN, ConversationTable, MemoryBound
+from ..conversation.table import OPEN, ConversationState, ConversationTable, MemoryBound
 from ..settings import Settings
 from . import records as R
 from .instruments import StreamsInstruments
@@ -166,7 +168,10 @@ class StateManager:
         gc.disable()  # decoding makes no cycles; the collector's passes over the growing heap cost ~4x the decode
         try:
             if task.store is not None and self._store_tail(task, restored):
-                self._load_store(task, open_elsewhere)
+                if task.checkpointed is None:  # the store was wiped: it now holds what was read, still in memory
+                    self._load_changelog(task, open_elsewhere, restored)
+                else:
+                    self._load_store(task, open_elsewhere)
                 return
             if task.store is not None:  # the tail could not be stored: the store's older states, then the tail
                 self._load_store(task, open_elsewhere)
@@ -179,6 +184,11 @@ class StateManager:
                     logger.warning("unreadable changelog state of conversation %r: %r", cid, exc)
         finally:
             if collecting:
+                # The loaded states into the oldest generation unscanned (`unfreeze` puts the frozen objects there):
+                # the young collections that re-enabling would run over them at once cost as much as their decode,
+                # and the next full collection walks them as it walks every long-lived object.
+                gc.freeze()
+                gc.unfreeze()
                 gc.enable()
 
     def _store_tail(self, task: Task, restored: dict[bytes, tuple[str | None, bytes | None]]) -> bool:
@@ -199,30 +209,75 @@ class StateManager:
             self.store_failed(exc, task.partition)
             return False
 
-    def _load_store(self, task: Task, open_elsewhere: int) -> None:
-        """Every conversation of the store into the table: in memory while the process is within its bounds."""
-        assert task.store is not None
-        settings = self.settings
-        # In activity order (RocksDB iterates by id): the table's idle scan, retention and spilling read it as the
-        # least recently active first. One pass keeps only ids and times; the second reads each state again.
+    def _load_changelog(
+        self, task: Task, open_elsewhere: int, restored: dict[bytes, tuple[str | None, bytes | None]]
+    ) -> None:
+        """The whole changelog was read into a wiped store: the table loads the states read rather than reading
+        the store back (the same states, without a second pass over RocksDB and a second decode)."""
+        values: dict[str, tuple[str | None, bytes]] = {}
         order: list[tuple[int, str]] = []
-        for cid, value in task.store.items():
+        for key, (kind, value) in restored.items():
+            if value is None:  # forgotten: nothing to load
+                continue
+            cid = key.decode("utf-8", "surrogatepass")
             try:
-                state = store_decode(value)
+                order.append((R.state_activity_ms(kind, value), cid))
+            except Exception as exc:  # an unreadable state costs that conversation, never the partition
+                logger.warning("unreadable changelog state of conversation %r: %r", cid, exc)
+                continue
+            values[cid] = (kind, value)
+
+        def read(cid: str) -> ConversationState:
+            kind, value = values.pop(cid)
+            return R.decode_state(kind, value)
+
+        self._load_ordered(task, open_elsewhere, order, read)
+
+    def _load_store(self, task: Task, open_elsewhere: int) -> None:
+        """Every conversation of the store into the table: in memory while the process is within its bounds. The
+        values the ordering pass read are kept, as many as the memory bound's room, rather than read again from
+        RocksDB one by one in activity order; the rest are read back."""
+        assert task.store is not None
+        store = task.store
+        order: list[tuple[int, str]] = []
+        kept: dict[str, bytes] = {}
+        room = self.memory.max_bytes - self.memory.used
+        for cid, value in store.items():
+            try:
+                order.append((stored_activity_ms(value), cid))
             except Exception as exc:  # an unreadable state costs that conversation, never the partition
                 logger.warning("unreadable stored state of conversation %r: %r", cid, exc)
                 continue
-            order.append(((state.completed_ms or state.last_ms) if state.status != OPEN else state.last_ms, cid))
+            if room > 0:
+                kept[cid] = value
+                room -= len(value)
+
+        def read(cid: str) -> ConversationState | None:
+            value = kept.pop(cid, None)
+            return store.get(cid) if value is None else store_decode(value)
+
+        self._load_ordered(task, open_elsewhere, order, read)
+
+    def _load_ordered(
+        self,
+        task: Task,
+        open_elsewhere: int,
+        order: list[tuple[int, str]],
+        read: Callable[[str], ConversationState | None],
+    ) -> None:
+        """In activity order (RocksDB iterates by id): the table's idle scan, retention and spilling read it as the
+        least recently active first. The order was read from each state's activity fields only; `read` decodes
+        each state whole, once."""
+        settings = self.settings
         order.sort()
         for _, cid in order:
             try:
-                found = task.store.get(cid)
+                state = read(cid)
             except Exception as exc:
-                logger.warning("unreadable stored state of conversation %r: %r", cid, exc)
+                logger.warning("unreadable state of conversation %r: %r", cid, exc)
                 continue
-            if found is None:
+            if state is None:
                 continue
-            state = found
             resident = not self.memory.over and (
                 state.status != OPEN
                 or open_elsewhere + task.table.resident_open_count < settings.max_open_conversations
