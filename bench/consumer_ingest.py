@@ -35,6 +35,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from prometheus_client import CollectorRegistry
 
 from bench._stats import alternate
+from tracejudge.consumer._gc import collect_less
 from tracejudge.consumer.conversation.reading import read_events
 from tracejudge.consumer.embedded_broker import EmbeddedBroker
 from tracejudge.consumer.emit.prometheus import ConsumerInstruments
@@ -247,6 +248,7 @@ def tracejudge_consumer(bootstrap: str, topic: str, conversations: int, role: st
 
 
 def run(conversations: int = 20_000, rounds: int = 5, with_assemble: bool = False) -> dict[str, Any]:
+    collect_less()  # the collector's policy of `tracejudge consume` (consumer/_gc.py), for every variant alike
     out: dict[str, Any] = {
         "conversations": conversations,
         "turns_per_conversation": TURNS_PER_CONVERSATION,

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from .._gc import collect_less
 from ..conversation.job import JudgeJob
 from ..delivery import Delivery
 from ..judgement import OUTCOME_JUDGED, OUTCOME_SAMPLED_OUT, OUTCOME_SKIPPED_BUDGET, Judgement
@@ -361,6 +362,7 @@ def run_backfill(namespace: argparse.Namespace) -> int:
     if _refuse_without_output(namespace, settings):
         return EXIT_USAGE
     configure_logging(settings.log_level, settings.log_format)
+    collect_less()  # it reads a range of the topic as `consume` does
     if not getattr(namespace, "dry_run", False):  # a dry run judges nothing: no judge check
         from ..app import tier_problem
         from .judge_check import refuse_judge

@@ -14,6 +14,7 @@ import signal
 import sys
 from typing import Any
 
+from .._gc import collect_less
 from .._logging import configure_logging
 from .options import EXIT_USAGE, settings_from_args
 
@@ -54,6 +55,7 @@ def run_consume(namespace: argparse.Namespace) -> int:
     if calibration_refused(settings.calibration) or canary_refused(settings):
         return EXIT_USAGE
     configure_logging(settings.log_level, settings.log_format)
+    collect_less()
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     from prometheus_client import CollectorRegistry
 
