@@ -129,7 +129,7 @@ def content_text(content: Any) -> str | None:
         blocks = content_blocks(content)
         return content if blocks is None else _join((part_text(b) for b in blocks), "")
     if isinstance(content, list):
-        return _join((part_text(p) for p in content), "")
+        return _join([part_text(p) for p in content], "")
     if isinstance(content, dict):
         return part_text(content)
     return None
@@ -141,11 +141,12 @@ def message_role_text(message: Any) -> tuple[str | None, str | None]:
         return None, message
     if not isinstance(message, dict):
         return None, None
-    message = langchain_message(message) or message  # LangChain's serialized message objects
-    for _ in range(_MAX_DEPTH):  # a gen_ai.choice body: {"index": 0, "message": {...}}
-        if "role" in message or not isinstance(message.get("message"), dict):
-            break
-        message = message["message"]
+    if "role" not in message:  # (a message with a role is neither of these: the usual one skips both)
+        message = langchain_message(message) or message  # LangChain's serialized message objects
+        for _ in range(_MAX_DEPTH):  # a gen_ai.choice body: {"index": 0, "message": {...}}
+            if "role" in message or not isinstance(message.get("message"), dict):
+                break
+            message = message["message"]
     role = message.get("role")
     kind = message.get("type")
     if kind is not None and kind != "message" and role is None:
