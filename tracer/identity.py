@@ -51,7 +51,8 @@ def conversation_id(attributes: Mapping[str, Any] | None) -> str | None:
     if not attributes:
         return None
     for key in CONVERSATION_ID_KEYS:
-        value = _text(attributes.get(key))
+        given = attributes.get(key)
+        value = None if given is None else _text(given)
         if value is not None:
             return value
     return None

@@ -212,6 +212,8 @@ def content(span: DecodedSpan, kind: Kind | None = None) -> Content:
     skip_user = kind is Kind.MODEL and has_messages(span.attributes, INPUT_MESSAGE_PREFIXES)
     skip_answer = kind is Kind.MODEL and has_messages(span.attributes, OUTPUT_MESSAGE_PREFIXES)
     for readers, from_body in ((structured, False), (bodies, True)):
+        if found.user is not None and found.answer is not None:
+            break  # the messages gave both sides: no body is read
         for reader in readers:
             user, answer = reader(span)
             if from_body and (skip_user or is_state(user)):
