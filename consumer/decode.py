@@ -102,7 +102,9 @@ def _decode_protobuf(value: bytes, relevant: Callable[[bytes], bool] | None = No
         pairs = resource_spans.resource.attributes
         resource = _attributes(pairs) if relevant is None else _service_only(pairs)
         for scope_spans in resource_spans.scope_spans:
+            scope = scope_spans.scope.name  # each upb field read builds an object: once per scope, not per span
             for span in scope_spans.spans:
+                events = span.events
                 spans.append(
                     DecodedSpan(
                         trace_id=span.trace_id.hex(),
@@ -112,12 +114,10 @@ def _decode_protobuf(value: bytes, relevant: Callable[[bytes], bool] | None = No
                         start_ns=span.start_time_unix_nano,
                         end_ns=span.end_time_unix_nano,
                         attributes=_attributes(span.attributes),
-                        scope=scope_spans.scope.name,
+                        scope=scope,
                         is_error=span.status.code == _STATUS_ERROR,
                         resource=resource,
-                        events=[SpanEvent(e.name, _attributes(e.attributes)) for e in span.events]
-                        if span.events
-                        else [],
+                        events=[SpanEvent(e.name, _attributes(e.attributes)) for e in events] if events else [],
                     )
                 )
     if not spans:
