@@ -171,7 +171,7 @@ def _attribute(span: DecodedSpan, key: str) -> str | None:
 def _is_step(span: DecodedSpan, kind: Kind) -> bool:
     """A step inside a turn; `kind` (the span's `span_kind`) is STEP already for a GenAI step operation or an
     OpenInference step kind, so only the conventions it does not weigh are asked."""
-    return kind is Kind.STEP or _attribute(span, openllmetry.SPAN_KIND) == "tool" or _conventions.is_step(span)
+    return kind is Kind.STEP or span.attributes.get(openllmetry.SPAN_KIND) == "tool" or _conventions.is_step(span)
 
 
 @dataclass(slots=True)

@@ -132,8 +132,9 @@ def content_text(content: Any) -> str | None:
     if isinstance(content, str):
         blocks = content_blocks(content)
         return content if blocks is None else _join((part_text(b) for b in blocks), "")
-    if isinstance(content, list):
-        return _join([part_text(p) for p in content], "")
+    if isinstance(content, list):  # `_join` of the parts' text, in one list (the usual content is a part list)
+        found = [text for text in map(part_text, content) if text and text.strip()]
+        return "".join(found) if found else None
     if isinstance(content, dict):
         return part_text(content)
     return None
