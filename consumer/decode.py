@@ -67,19 +67,26 @@ def _any_value(value: AnyValue) -> Any:
 
 
 def _attributes(pairs: Any) -> dict[str, Any]:
-    return {kv.key: _any_value(kv.value) for kv in pairs}
+    # A non-empty `string_value` is the string case (the oneof's other members read as ""): one upb call per value
+    # instead of two for nearly every attribute; the rest (and "") go through `_any_value`.
+    return {kv.key: (value := kv.value).string_value or _any_value(value) for kv in pairs}
 
 
 def _service_only(pairs: Any) -> dict[str, Any]:
-    """Of a resource's attributes, only `service.name`: the one the consumer reads (the agent's last resort)."""
-    found = [kv.value for kv in pairs if kv.key == _SERVICE_NAME]
-    return {_SERVICE_NAME: _any_value(found[-1])} if found else {}  # the last one, as a dict of them all keeps
+    """Of a resource's attributes, only `service.name`: the one the consumer reads (the agent's last resort). The
+    last one counts, as in a dict of them all, so the walk runs backwards: the SDK writes it last."""
+    for kv in reversed(pairs):
+        if kv.key == _SERVICE_NAME:
+            return {_SERVICE_NAME: _any_value(kv.value)}
+    return {}
 
 
 def _holds_spans(request: ExportTraceServiceRequest) -> bool:
-    return any(
-        scope_spans.spans for resource_spans in request.resource_spans for scope_spans in resource_spans.scope_spans
-    )
+    for resource_spans in request.resource_spans:  # loops, not any() over a generator: the skipped record's cost
+        for scope_spans in resource_spans.scope_spans:
+            if scope_spans.spans:
+                return True
+    return False
 
 
 def _decode_protobuf(value: bytes, relevant: Callable[[bytes], bool] | None = None) -> list[DecodedSpan]:
@@ -97,7 +104,9 @@ def _decode_protobuf(value: bytes, relevant: Callable[[bytes], bool] | None = No
         pairs = resource_spans.resource.attributes
         resource = _attributes(pairs) if relevant is None else _service_only(pairs)
         for scope_spans in resource_spans.scope_spans:
+            scope = scope_spans.scope.name  # each upb field read builds an object: once per scope, not per span
             for span in scope_spans.spans:
+                events = span.events
                 spans.append(
                     DecodedSpan(
                         trace_id=span.trace_id.hex(),
@@ -107,12 +116,10 @@ def _decode_protobuf(value: bytes, relevant: Callable[[bytes], bool] | None = No
                         start_ns=span.start_time_unix_nano,
                         end_ns=span.end_time_unix_nano,
                         attributes=_attributes(span.attributes),
-                        scope=scope_spans.scope.name,
+                        scope=scope,
                         is_error=span.status.code == _STATUS_ERROR,
                         resource=resource,
-                        events=[SpanEvent(e.name, _attributes(e.attributes)) for e in span.events]
-                        if span.events
-                        else [],
+                        events=[SpanEvent(e.name, _attributes(e.attributes)) for e in events] if events else [],
                     )
                 )
     if not spans:

@@ -37,8 +37,11 @@ AGENT_NAME_KEYS: tuple[str, ...] = (
 SERVICE_NAME = "service.name"
 
 
+_NOT_IDS = (bool, list, tuple, dict, set)  # built once: `bool | list | ...` in the call built a union per call
+
+
 def _text(value: Any) -> str | None:
-    if value is None or isinstance(value, bool | list | tuple | dict | set):
+    if value is None or isinstance(value, _NOT_IDS):
         return None  # an array is no id (and its text would differ between the SDK's tuples and OTLP's lists)
     if isinstance(value, bytes):
         value = value.decode("utf-8", "replace")
@@ -51,7 +54,8 @@ def conversation_id(attributes: Mapping[str, Any] | None) -> str | None:
     if not attributes:
         return None
     for key in CONVERSATION_ID_KEYS:
-        value = _text(attributes.get(key))
+        given = attributes.get(key)
+        value = None if given is None else _text(given)
         if value is not None:
             return value
     return None

@@ -27,8 +27,6 @@ from ._frameworks import answer_text, clean_task, is_state, output_task, user_te
 from ._kinds import (
     INPUT_MESSAGE_PREFIXES,
     OUTPUT_MESSAGE_PREFIXES,
-    STEP_KINDS,
-    STEP_OPERATIONS,
     Kind,
     framework_agent,
     has_messages,
@@ -74,9 +72,6 @@ BODIES: tuple[Reader, ...] = (
 
 # Spans that are a turn even without content (capture off): counted, then judged `empty_conversation`, never dropped.
 _CALL_OPERATIONS = frozenset({OPERATION_INVOKE_AGENT, "chat", "text_completion", "generate_content"})
-# Steps inside a turn that are not an exchange with the user (what a span is: consumer/adapters/_kinds.py).
-_NOT_TURN_OPERATIONS = STEP_OPERATIONS
-_NOT_TURN_KINDS = STEP_KINDS
 # An agent's text: not `llm.*_messages` (a model call's; OpenInference's LangChain copies one onto every chain) and
 # not the raw bodies of model calls, but its messages and its input/output when they are messages or text.
 _MODEL_CALL_READERS = (openinference.messages, openllmetry.messages, openinference.bodies, openllmetry.bodies)
@@ -105,7 +100,10 @@ _MARKED_KEYS = (*CONVERSATION_ID_KEYS, *_conventions.MARKERS)
 
 def may_matter(value: bytes) -> bool:
     """Whether a protobuf record's bytes hold a key that can make a conversation event (False: skip it unread)."""
-    return any(marker in value for marker in RECORD_MARKERS)
+    for marker in RECORD_MARKERS:  # a plain loop: `any` over a generator costs a resumption per marker
+        if marker in value:
+            return True
+    return False
 
 
 @dataclass(slots=True)
@@ -170,13 +168,10 @@ def _attribute(span: DecodedSpan, key: str) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _is_step(span: DecodedSpan) -> bool:
-    return (
-        _attribute(span, GEN_AI_OPERATION_NAME) in _NOT_TURN_OPERATIONS
-        or _attribute(span, openinference.SPAN_KIND) in _NOT_TURN_KINDS
-        or _attribute(span, openllmetry.SPAN_KIND) == "tool"
-        or _conventions.is_step(span)
-    )
+def _is_step(span: DecodedSpan, kind: Kind) -> bool:
+    """A step inside a turn; `kind` (the span's `span_kind`) is STEP already for a GenAI step operation or an
+    OpenInference step kind, so only the conventions it does not weigh are asked."""
+    return kind is Kind.STEP or span.attributes.get(openllmetry.SPAN_KIND) == "tool" or _conventions.is_step(span)
 
 
 @dataclass(slots=True)
@@ -201,6 +196,9 @@ def _agent_bodies(span: DecodedSpan) -> tuple[str | None, str | None]:
     return user, answer
 
 
+_AGENT_BODIES: tuple[Reader, ...] = (*(r for r in BODIES if r not in _MODEL_CALL_READERS), _agent_bodies)
+
+
 def content(span: DecodedSpan, kind: Kind | None = None) -> Content:
     """The user's text and the answer's text of one span, by what the span is (consumer/adapters/_kinds.py):
     structured messages first; a model call's raw body only for a side it wrote no messages for; an agent's body only
@@ -213,10 +211,12 @@ def content(span: DecodedSpan, kind: Kind | None = None) -> Content:
         return found
     structured, bodies = STRUCTURED, BODIES
     if kind is Kind.AGENT:
-        structured, bodies = AGENT_STRUCTURED, (*(r for r in BODIES if r not in _MODEL_CALL_READERS), _agent_bodies)
+        structured, bodies = AGENT_STRUCTURED, _AGENT_BODIES
     skip_user = kind is Kind.MODEL and has_messages(span.attributes, INPUT_MESSAGE_PREFIXES)
     skip_answer = kind is Kind.MODEL and has_messages(span.attributes, OUTPUT_MESSAGE_PREFIXES)
     for readers, from_body in ((structured, False), (bodies, True)):
+        if found.user is not None and found.answer is not None:
+            break  # the messages gave both sides: no body is read
         for reader in readers:
             user, answer = reader(span)
             if from_body and (skip_user or is_state(user)):
@@ -258,7 +258,7 @@ def extract(
         agent_named=named is not None,
     )
     kind = facts.kind
-    if not (_is_step(span) or kind is Kind.STEP or (kind is Kind.CHAIN and span.parent_span_id)):  # see content()
+    if not (_is_step(span, kind) or (kind is Kind.CHAIN and span.parent_span_id)):  # see content()
         found = content(span, kind)
         is_call = (
             _attribute(span, GEN_AI_OPERATION_NAME) in _CALL_OPERATIONS

@@ -112,7 +112,7 @@ def framework_agent(span: DecodedSpan, kind: Kind | None = None) -> str | None:
     `kind`: the span's `span_kind`, when the caller has it already."""
     attributes = span.attributes
     name = span.name
-    if _attribute(span, OPENINFERENCE_KIND) == "CHAIN":
+    if attributes.get(OPENINFERENCE_KIND) == "CHAIN":
         return _llama_index_agent(span) or _graph_run(span, Kind.CHAIN)
     kind = span_kind(span) if kind is None else kind
     if kind is Kind.AGENT and name.endswith(".run") and any(k.startswith("smolagents.") for k in attributes):

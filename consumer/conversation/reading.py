@@ -19,7 +19,8 @@ def read_events(
         if not spans:
             return [], None
         classified = [classify(span) for span in spans]
-        traces = trace_contexts(spans, classified)  # a span without an id goes with the conversation its trace names
+        # A span without an id goes with the conversation its trace names; a lone span's trace names only its own.
+        traces = trace_contexts(spans, classified) if len(spans) > 1 else {}
     except MalformedRecord as exc:
         return [], str(exc)
     except Exception as exc:  # RecursionError (deep nesting), OverflowError, TypeError, ...
