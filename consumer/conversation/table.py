@@ -45,7 +45,6 @@ _STATE_OVERHEAD = 600
 MAX_FEEDBACK = 100
 MAX_DROPPED_IDS = 10_000  # span ids remembered per conversation beyond its kept spans (duplicates detection)
 MAX_DISPATCHED = 64  # content ids remembered per conversation (its judged versions)
-MAX_ANSWERED_EARLY = 65_536  # outcomes recorded before the judges' answer, whose answer is still to come
 _FIELDS = {kind: tuple(f.name for f in fields(kind)) for kind in (Turn, Feedback)}
 
 
@@ -192,7 +191,6 @@ class ConversationTable:
         self._dirty: set[str] = set()
         self._removed: set[str] = set()
         self._outbox: list[Dispatch] = []
-        self._early: OrderedDict[str, str] = OrderedDict()  # content id → outcome recorded before its answer came
         self.counts: Counter[str] = Counter()
 
     @classmethod
@@ -310,9 +308,6 @@ class ConversationTable:
     def verdict(self, conversation_id: str, cid_content: str, outcome: str, ts_ms: int) -> None:
         """The judges' outcome for a snapshot (judged, failed, sampled out, skipped for budget). The outcome it
         already has (a replayed verdict) changes nothing: nothing to write."""
-        if self._early.get(cid_content) == outcome:
-            del self._early[cid_content]  # the answer to an outcome `answered_early` recorded: already applied
-            return
         state = self._resident(conversation_id)
         if state is None or state.dispatched.get(cid_content, outcome) == outcome:
             return
@@ -330,18 +325,6 @@ class ConversationTable:
             self._dispatch(state, "negative_feedback", ts_ms, force=True)
         elif outcome in JUDGED_OUTCOMES and cid_content == state.last_content_id:
             state.rejudge_on_outcome = False
-
-    def answered_early(self, conversation_id: str, cid_content: str, outcome: str, ts_ms: int) -> None:
-        """An outcome known before the judges answer it (a job sampled out: the judge worker answers just that),
-        recorded now: the conversation is written once, with its completion. The answer, when it comes, is taken as
-        already applied: a forced judgement of the same content (negative feedback meanwhile) keeps waiting for its
-        own. Remembered in memory only (up to MAX_ANSWERED_EARLY): after a restart the restored state already holds
-        the outcome, and the answer changes nothing."""
-        self._early.pop(cid_content, None)  # else `verdict` takes this call for an earlier answer still due
-        self.verdict(conversation_id, cid_content, outcome, ts_ms)
-        self._early[cid_content] = outcome
-        while len(self._early) > MAX_ANSWERED_EARLY:
-            self._early.popitem(last=False)
 
     def advance(self, now_ms: int, upstream_ms: int | None = None) -> None:
         """The partition's clock moved to `now_ms`: complete idle conversations, forget those past retention.
@@ -511,7 +494,6 @@ class ConversationTable:
         self._completed.clear()
         self._outbox.clear()
         self._ending.clear()
-        self._early.clear()
 
     # -- internals -------------------------------------------------------------------------------------------------
 

@@ -52,9 +52,11 @@ from .topics import InternalTopics
 logger = logging.getLogger("tracejudge.consumer.judges")
 SETTLED_MEMORY = 65_536  # transcripts whose verdicts this worker remembers, to answer a replayed job without a call
 POLL_S = 0.1  # the longest a step waits for judge-queue records (or, paused, for an output)
-# How often the retry topic is read: a due retry is forwarded at most this late (backoffs are 1 s at least), and an
-# idle worker's polls of it (each a round trip through the consumer's IO thread) take the GIL 2 times a second, not 10.
+# How often the retry topic is read while nothing is due: an idle worker's polls of it (each a round trip through the
+# consumer's IO thread) take the GIL 2 times a second, not 10. For a second after a partition resumed (a record came
+# due) it is read every step: a resumed partition's records come back a fetch later, one or two polls.
 RETRY_POLL_S = 0.5
+RETRY_DUE_S = 1.0
 
 
 class JudgeWorker(AsyncConsumerRebalanceListener):
@@ -85,6 +87,7 @@ class JudgeWorker(AsyncConsumerRebalanceListener):
         self._retry_committed: dict[int, int] = {}
         self._retry_due: dict[int, float] = {}  # retry partition paused on a record not yet due → its time
         self._retry_poll = 0.0  # monotonic time of the next read of the retry topic
+        self._retry_resumed = 0.0  # monotonic time until which it is read every step (a partition resumed)
         self._unforwarded: queue.SimpleQueue[Any] = queue.SimpleQueue()  # forwards that failed, sent again
         self._unscheduled: queue.SimpleQueue[tuple[Judgement, threading.Event]] = queue.SimpleQueue()
         self.max_pending = max(4, pool.max_concurrency * 4)
@@ -258,7 +261,7 @@ class JudgeWorker(AsyncConsumerRebalanceListener):
         batches = self.consumer.poll(timeout_ms=0 if waited else int(POLL_S * 1000), max_records=self.max_pending)
         now = time.monotonic()
         if self.retry_consumer is not None and self._retry_assigned and not self.stopping and now >= self._retry_poll:
-            self._retry_poll = now + RETRY_POLL_S
+            self._retry_poll = now + (POLL_S if now < self._retry_resumed else RETRY_POLL_S)
             for tp, records in self.retry_consumer.poll(timeout_ms=0).items():
                 self._retry_records(tp, records)
         for tp, records in batches.items():
@@ -374,6 +377,8 @@ class JudgeWorker(AsyncConsumerRebalanceListener):
             if due <= now:
                 del self._retry_due[partition]
                 self.retry_consumer.resume(TopicPartition(self.topics.judge_retry, partition))
+                self._retry_poll = 0.0  # read at the next step, and every step for a while
+                self._retry_resumed = time.monotonic() + RETRY_DUE_S
 
     def _record(self, partition: int, record: Any) -> None:
         kind = R.kind_of(record.headers)

@@ -21,7 +21,6 @@ from ..conversation.job import MAX_FIELD_CHARS, JudgeJob
 from ..conversation.reading import read_events
 from ..conversation.textless import TextlessSpans
 from ..emit.prometheus import ConsumerInstruments
-from ..judgement import OUTCOME_SAMPLED_OUT
 from . import records as R
 from .clock import record_time
 from .instruments import StreamsInstruments
@@ -171,11 +170,7 @@ class Processor:
             logger.warning("unreadable repartition record at %d/%d: %r", record.partition, record.offset, exc)
 
     def dispatch(self, tasks: Iterable[Task]) -> None:
-        """The active tasks' completed conversations to the judge queue, each marked sampled or not.
-
-        A job sampled out is answered by the judge worker with exactly that outcome: it is recorded at once
-        (`answered_early`), so the conversation's state goes to the changelog once, with its completion, instead of
-        again when the answer comes."""
+        """The active tasks' completed conversations to the judge queue, each marked sampled or not."""
         for task in active(tasks):
             for dispatch in task.table.take_dispatches():
                 job = dispatch.job
@@ -189,10 +184,6 @@ class Processor:
                     timestamp_ms=dispatch.completed_ms,
                 )
                 self.instruments.completed.labels(completed_by=job.completed_by).inc()
-                if not sampled:
-                    task.table.answered_early(
-                        job.conversation_id, job.content_id, OUTCOME_SAMPLED_OUT, dispatch.completed_ms
-                    )
 
     def _malformed(self, record: Any, reason: str) -> None:
         self.prometheus.record_records("malformed")
