@@ -48,6 +48,15 @@ def activity_ms(state: ConversationState | _Activity) -> int:
     return (state.completed_ms or state.last_ms) if state.status != OPEN else state.last_ms
 
 
+def checked_activity_ms(state: ConversationState) -> int:
+    """`activity_ms` of a state read from JSON, whose fields no schema checked: a time that is not a number makes
+    the state unreadable (that conversation, never the partition's restore, which sorts by it)."""
+    ms = activity_ms(state)
+    if isinstance(ms, bool) or not isinstance(ms, int | float):
+        raise TypeError(f"the state's activity time is {ms!r}, not a number")
+    return int(ms)
+
+
 def unpack_activity_ms(value: bytes | memoryview) -> int:
     """`activity_ms` of a packed state, read ~10x faster than `unpack` (a restore orders every state it loads)."""
     return activity_ms(_decode_activity(value))

@@ -70,7 +70,7 @@ def activity_ms(value: bytes) -> int:
     """`codec.activity_ms` of a stored state, without decoding all of a packed one."""
     if value[:1] == _PACKED:
         return codec.unpack_activity_ms(memoryview(value)[1:])
-    return codec.activity_ms(decode(value))
+    return codec.checked_activity_ms(decode(value))
 
 
 def _key(conversation_id: str) -> bytes:

@@ -223,4 +223,8 @@ def decode_state(kind: str | None, value: bytes) -> ConversationState:
 
 def state_activity_ms(kind: str | None, value: bytes) -> int:
     """`codec.activity_ms` of a state as `encode_state` wrote it, without decoding all of a packed one."""
-    return codec.unpack_activity_ms(value) if kind == STATE_PACKED else codec.activity_ms(decode_state(kind, value))
+    return (
+        codec.unpack_activity_ms(value)
+        if kind == STATE_PACKED
+        else codec.checked_activity_ms(decode_state(kind, value))
+    )

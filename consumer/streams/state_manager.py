@@ -55,7 +55,6 @@ class StateManager:
             store = self.directory.open_store(partition)
         except (StoreError, OSError) as exc:
             self.store_failed(exc, partition)
-        task = Task(partition, self.new_table(store), store=store)
         checkpoint = self.directory.read_checkpoint(partition) if store is not None else None
         if store is not None and checkpoint is not None and self._stale(partition):
             # Older than the changelog keeps tombstones (delete.retention.ms, a day by default) or than the state
@@ -66,8 +65,11 @@ class StateManager:
         if store is not None and checkpoint is None:
             try:  # a store without a (fresh) checkpoint may hold anything: the changelog restores it from the start
                 store.wipe()
-            except StoreError as exc:
+            except StoreError as exc:  # what it holds cannot be trusted: the task runs from memory and the changelog
                 self.store_failed(exc, partition)
+                store.close()
+                store = None
+        task = Task(partition, self.new_table(store), store=store)
         if checkpoint is not None:
             task.changelog_position = task.checkpointed = int(checkpoint["changelog"])
             positions = checkpoint.get("positions") or {}
@@ -184,11 +186,8 @@ class StateManager:
                     logger.warning("unreadable changelog state of conversation %r: %r", cid, exc)
         finally:
             if collecting:
-                # The loaded states into the oldest generation unscanned (`unfreeze` puts the frozen objects there):
-                # the young collections that re-enabling would run over them at once cost as much as their decode,
-                # and the next full collection walks them as it walks every long-lived object.
-                gc.freeze()
-                gc.unfreeze()
+                # Not gc.freeze()/unfreeze() to skip the young passes over what was loaded: that is process-wide, and
+                # would move the other threads' cyclic garbage of the same moments to the oldest generation with it.
                 gc.enable()
 
     def _store_tail(self, task: Task, restored: dict[bytes, tuple[str | None, bytes | None]]) -> bool:

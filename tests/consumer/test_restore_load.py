@@ -185,13 +185,75 @@ def test_every_loader_gives_the_table_the_old_one_gave(
         assert got["completed"] and sorted(got["completed"]) == sorted(expected["completed"])
 
 
-def test_loaded_states_wait_in_the_oldest_generation_with_the_collector_on(tmp_path: Path) -> None:
-    """The young collections never walk what a restore loaded (it goes to the oldest generation at once), and the
-    collector runs again afterwards."""
+def test_garbage_made_during_a_restore_is_left_to_the_young_collections(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The collector is off while a restore loads (its passes over the growing heap cost more than the decode) and
+    on again afterwards, with what any thread made meanwhile still young: a cycle that became garbage then is freed
+    by a young collection (gc.freeze() would have put it in the oldest generation, for the next full one)."""
     import gc
+    import weakref
+
+    class Cycle:
+        pass
+
+    made: list[weakref.ref[Cycle]] = []
+    decode = R.decode_state
+
+    def decode_and_litter(kind: str | None, value: bytes) -> Any:
+        if not made:  # another thread's garbage, made while the restore loads
+            cycle = Cycle()
+            cycle.me = cycle  # type: ignore[attr-defined]
+            made.append(weakref.ref(cycle))
+        return decode(kind, value)
+
+    monkeypatch.setattr(R, "decode_state", decode_and_litter)
+    asm = assembler(state_dir=str(tmp_path))
+    restore(asm, fresh(asm, 0))
+    assert gc.isenabled() and made and made[0]() is not None
+    gc.collect(1)
+    assert made[0]() is None
+
+
+@pytest.mark.parametrize("odd", [None, "soon", True, [1]])
+def test_a_json_state_whose_activity_time_is_no_number_costs_that_conversation_only(
+    tmp_path: Path, odd: object, caplog: pytest.LogCaptureFixture
+) -> None:
+    asm = assembler(state_dir=str(tmp_path))
+    task = fresh(asm, 0)
+    good_kind, good = R.encode_state(state("good", 100))
+    data = state("odd", 200).to_json()
+    data["last_ms"] = odd  # an older version's JSON, which no schema checked
+    for offset, (key, kind, value) in enumerate([(b"good", good_kind, good), (b"odd", R.STATE, R.dumps(data))]):
+        asm.state.restore(
+            task, SimpleNamespace(key=key, value=value, headers=R.header(kind), partition=0, offset=offset)
+        )
+    task.changelog_position = 2
+    with caplog.at_level(logging.WARNING):
+        asm.state.finish_restore(task, 2, 0)
+    assert sorted(task.table.states) == ["good"]
+    assert "unreadable changelog state of conversation 'odd'" in caplog.text
+
+
+def test_a_store_that_cannot_be_wiped_is_not_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A store without a checkpoint is wiped before the changelog restores it; one whose wipe failed still holds
+    what the changelog may have forgotten (a compacted tombstone), so the task runs without it."""
+    from tracejudge.consumer.conversation.store import LocalStore, StoreError, encode
 
     asm = assembler(state_dir=str(tmp_path))
-    task = restore(asm, fresh(asm, 0))
-    assert gc.isenabled()
-    loaded = task.table.states["c01"]
-    assert any(obj is loaded for obj in gc.get_objects(generation=2))
+    first = asm.state.new_task(0)
+    assert first.store is not None
+    first.store.write([("stale", encode(state("stale", 50)))], [])
+    asm.state.close_task(first)  # no checkpoint written
+
+    def refuse(self: LocalStore) -> None:
+        raise StoreError("wipe failed", "io")
+
+    monkeypatch.setattr(LocalStore, "wipe", refuse)
+    task = asm.state.new_task(0)
+    assert task.checkpointed is None and task.store is None
+    kind, value = R.encode_state(state("live", 100))
+    asm.state.restore(task, SimpleNamespace(key=b"live", value=value, headers=R.header(kind), partition=0, offset=0))
+    task.changelog_position = 1
+    asm.state.finish_restore(task, 1, 0)
+    assert sorted(task.table.states) == ["live"]
