@@ -35,13 +35,19 @@ def _moved(table: ConversationTable) -> ConversationTable:
     return fresh
 
 
-def test_forced_judgements_after_a_move_before_the_answer() -> None:
+def _completed_and_moved() -> tuple[ConversationTable, str]:
+    """A two-turn conversation completed, its job J1 sent (to be sampled out), committed, then kill -9 / rebalance:
+    its next owner's table, J1's answer not in yet; and J1's content id."""
     table = ConversationTable()
     for n in range(2):
         table.apply(turn("c", n), 1000 + n)
     table.apply(ConversationEvent("c", "a", ended=True), 1002)
     content = _dispatch_sampled_out(table)
-    table = _moved(table)  # committed, then kill -9 / rebalance: J1's answer not in yet
+    return _moved(table), content
+
+
+def test_forced_judgements_after_a_move_before_the_answer() -> None:
+    table, content = _completed_and_moved()
     forced = []
     table.apply(neg(1), 1003)
     forced += table.take_dispatches()
@@ -54,12 +60,7 @@ def test_forced_judgements_after_a_move_before_the_answer() -> None:
 
 
 def test_the_late_answer_never_overwrites_a_judgement() -> None:
-    table = ConversationTable()
-    for n in range(2):
-        table.apply(turn("c", n), 1000 + n)
-    table.apply(ConversationEvent("c", "a", ended=True), 1002)
-    content = _dispatch_sampled_out(table)
-    table = _moved(table)
+    table, content = _completed_and_moved()
     table.apply(neg(1), 1003)
     table.take_dispatches()
     table.verdict("c", content, "sampled_out", 1004)  # J1's answer
