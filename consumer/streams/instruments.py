@@ -5,7 +5,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 RESTORE_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
-FORGOTTEN_REASONS = ("retention", "memory", "empty")
+FORGOTTEN_REASONS = ("retention", "memory", "empty", "unreadable")
 
 
 class StreamsInstruments:
@@ -21,7 +21,7 @@ class StreamsInstruments:
         )
         self.forgotten = Counter(
             "tracejudge_conversations_forgotten_total",
-            "Conversations dropped from state: past retention, past the memory bound, or without a turn",
+            "Conversations dropped from state: past retention, past the memory bound, without a turn, or unreadable",
             ["reason"],
             registry=registry,
         )

@@ -43,6 +43,7 @@ class StateManager:
         self.instruments = instruments
         self.directory = StateDirectory(settings.state_dir, settings.group_id, settings.group_instance_id)
         self._store_log = RateLimitedLog(logger, interval_s=30.0)
+        self._unreadable_log = RateLimitedLog(logger, interval_s=30.0)
 
     def new_table(self, store: LocalStore | None = None) -> ConversationTable:
         """A task's table: the settings' rules, the process's memory bound, `store` to spill to (none: memory only)."""
@@ -107,6 +108,17 @@ class StateManager:
 
     def close(self) -> None:
         self.directory.close()
+
+    def _unreadable(self, what: str, cid: str, exc: BaseException) -> None:
+        """A restored state that cannot be read costs that conversation (counted), never the partition."""
+        self.instruments.forgotten.labels(reason="unreadable").inc()
+        self._unreadable_log.warning(
+            "unreadable %s of conversation %r, left out of the restore: %r (a changelog written by another program or"
+            " a newer tracejudge? its later spans start it again; check what writes the changelog topic)",
+            what,
+            cid,
+            exc,
+        )
 
     def store_failed(self, exc: BaseException, partition: int) -> None:
         reason = exc.reason if isinstance(exc, StoreError) else "io"
@@ -183,7 +195,7 @@ class StateManager:
                 try:
                     task.table.restore(None if value is None else R.decode_state(kind, value), cid)
                 except Exception as exc:  # an unreadable state costs that conversation, never the partition
-                    logger.warning("unreadable changelog state of conversation %r: %r", cid, exc)
+                    self._unreadable("changelog state", cid, exc)
         finally:
             if collecting:
                 # Not gc.freeze()/unfreeze() to skip the young passes over what was loaded: that is process-wide, and
@@ -222,7 +234,7 @@ class StateManager:
             try:
                 order.append((R.state_activity_ms(kind, value), cid))
             except Exception as exc:  # an unreadable state costs that conversation, never the partition
-                logger.warning("unreadable changelog state of conversation %r: %r", cid, exc)
+                self._unreadable("changelog state", cid, exc)
                 continue
             values[cid] = (kind, value)
 
@@ -245,7 +257,7 @@ class StateManager:
             try:
                 order.append((stored_activity_ms(value), cid))
             except Exception as exc:  # an unreadable state costs that conversation, never the partition
-                logger.warning("unreadable stored state of conversation %r: %r", cid, exc)
+                self._unreadable("stored state", cid, exc)
                 continue
             if room > 0:
                 kept[cid] = value
@@ -273,7 +285,7 @@ class StateManager:
             try:
                 state = read(cid)
             except Exception as exc:
-                logger.warning("unreadable state of conversation %r: %r", cid, exc)
+                self._unreadable("state", cid, exc)
                 continue
             if state is None:
                 continue
