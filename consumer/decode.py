@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,7 +40,7 @@ class DecodedSpan:
     end_ns: int
     attributes: dict[str, Any]
     is_error: bool = False
-    resource: dict[str, Any] = field(default_factory=dict)  # on the hot path `service.name` only (see above)
+    resource: Mapping[str, Any] = field(default_factory=dict)  # on the hot path `service.name` only (see above)
     events: list[SpanEvent] = field(default_factory=list)
     scope: str = ""  # the instrumentation scope's name: which library wrote the span (for what-to-set hints)
 
@@ -68,8 +68,13 @@ def _any_value(value: AnyValue) -> Any:
 
 def _attributes(pairs: Any) -> dict[str, Any]:
     # A non-empty `string_value` is the string case (the oneof's other members read as ""): one upb call per value
-    # instead of two for nearly every attribute; the rest (and "") go through `_any_value`.
-    return {kv.key: (value := kv.value).string_value or _any_value(value) for kv in pairs}
+    # instead of two for nearly every attribute; the rest (and "") go through `_any_value`. A plain loop: ~10%
+    # under the comprehension with its walrus.
+    attributes = {}
+    for kv in pairs:
+        value = kv.value
+        attributes[kv.key] = value.string_value or _any_value(value)
+    return attributes
 
 
 def _service_only(pairs: Any) -> dict[str, Any]:
@@ -79,6 +84,31 @@ def _service_only(pairs: Any) -> dict[str, Any]:
         if kv.key == _SERVICE_NAME:
             return {_SERVICE_NAME: _any_value(kv.value)}
     return {}
+
+
+class _ServiceOnly(Mapping[str, Any]):
+    """`_service_only` of a resource, read on first asking: most turns name their agent, and then no span of the
+    record asks (a resource's attributes cost ~1 µs to walk). One per resource, shared by its spans."""
+
+    __slots__ = ("_pairs", "_read")
+
+    def __init__(self, pairs: Any) -> None:
+        self._pairs: Any = pairs
+        self._read: dict[str, Any] | None = None
+
+    def _attributes(self) -> dict[str, Any]:
+        if self._read is None:
+            self._read, self._pairs = _service_only(self._pairs), None
+        return self._read
+
+    def __getitem__(self, key: str) -> Any:
+        return self._attributes()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._attributes())
+
+    def __len__(self) -> int:
+        return len(self._attributes())
 
 
 def _holds_spans(request: ExportTraceServiceRequest) -> bool:
@@ -102,24 +132,24 @@ def _decode_protobuf(value: bytes, relevant: Callable[[bytes], bool] | None = No
     spans: list[DecodedSpan] = []
     for resource_spans in request.resource_spans:
         pairs = resource_spans.resource.attributes
-        resource = _attributes(pairs) if relevant is None else _service_only(pairs)
+        resource = _attributes(pairs) if relevant is None else _ServiceOnly(pairs)
         for scope_spans in resource_spans.scope_spans:
             scope = scope_spans.scope.name  # each upb field read builds an object: once per scope, not per span
             for span in scope_spans.spans:
                 events = span.events
                 spans.append(
-                    DecodedSpan(
-                        trace_id=span.trace_id.hex(),
-                        span_id=span.span_id.hex(),
-                        parent_span_id=span.parent_span_id.hex(),
-                        name=span.name,
-                        start_ns=span.start_time_unix_nano,
-                        end_ns=span.end_time_unix_nano,
-                        attributes=_attributes(span.attributes),
-                        scope=scope,
-                        is_error=span.status.code == _STATUS_ERROR,
-                        resource=resource,
-                        events=[SpanEvent(e.name, _attributes(e.attributes)) for e in events] if events else [],
+                    DecodedSpan(  # positional (the fields' order): a keyword call costs more per span
+                        span.trace_id.hex(),
+                        span.span_id.hex(),
+                        span.parent_span_id.hex(),
+                        span.name,
+                        span.start_time_unix_nano,
+                        span.end_time_unix_nano,
+                        _attributes(span.attributes),
+                        span.status.code == _STATUS_ERROR,
+                        resource,
+                        [SpanEvent(e.name, _attributes(e.attributes)) for e in events] if events else [],
+                        scope,
                     )
                 )
     if not spans:

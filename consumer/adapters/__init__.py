@@ -128,13 +128,9 @@ class Classified:
 
 def classify(span: DecodedSpan) -> Classified:
     kind = span_kind(span)
-    return Classified(
-        span=span,
-        kind=kind,
-        conversation_id=conversation_id(span.attributes),
-        agent_name=agent_name(span.attributes),
-        framework_agent=framework_agent(span, kind),
-    )
+    attributes = span.attributes
+    # Positional, in the fields' order (span, kind, conversation_id, agent_name, framework_agent): once per span.
+    return Classified(span, kind, conversation_id(attributes), agent_name(attributes), framework_agent(span, kind))
 
 
 @dataclass(slots=True)
@@ -250,12 +246,13 @@ def extract(
         return None
     own_name = facts.framework_agent
     named = facts.agent_name or own_name or (context.agent if context else None)
-    event = ConversationEvent(
-        conversation_id=conversation,
-        agent=clean_agent(named or service_name(span.resource)),
-        ended=genai.ended(span),
-        feedback=genai.feedback(span),
-        agent_named=named is not None,
+    event = ConversationEvent(  # positional (conversation_id, agent, turn, ended, feedback, agent_named)
+        conversation,
+        clean_agent(named or service_name(span.resource)),
+        None,
+        genai.ended(span),
+        genai.feedback(span),
+        named is not None,
     )
     kind = facts.kind
     if not (_is_step(span, kind) or (kind is Kind.CHAIN and span.parent_span_id)):  # see content()

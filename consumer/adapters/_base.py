@@ -116,16 +116,16 @@ def turn_from_span(
     input_from_body: bool = False,
     output_from_body: bool = False,
 ) -> Turn:
-    return Turn(
-        span_id=span.span_id,
-        trace_id=span.trace_id,
-        parent_span_id=span.parent_span_id,
-        start_ns=span.start_ns,
-        end_ns=span.end_ns,
-        input=input_text,
-        output=output_text,
-        is_error=span.is_error,
-        index=index if isinstance(index, int) and not isinstance(index, bool) and index >= 0 else None,
-        input_from_body=input_from_body,
-        output_from_body=output_from_body,
+    return Turn(  # positional, in the fields' order: once per turn on the hot path
+        span.span_id,
+        span.trace_id,
+        span.parent_span_id,
+        span.start_ns,
+        span.end_ns,
+        input_text,
+        output_text,
+        span.is_error,
+        index if isinstance(index, int) and not isinstance(index, bool) and index >= 0 else None,
+        input_from_body,
+        output_from_body,
     )

@@ -88,6 +88,8 @@ def _json_sequence(text: str) -> Any:
 
 def _join(texts: Iterable[str | None], separator: str = "\n") -> str | None:
     found = [t for t in texts if isinstance(t, str) and t.strip()]
+    if len(found) == 1:
+        return found[0]  # the usual single message: no join to build a copy of it
     return separator.join(found) if found else None
 
 
@@ -157,8 +159,9 @@ def message_role_text(message: Any) -> tuple[str | None, str | None]:
     if kind is not None and kind != "message" and role is None:
         return "tool", None  # Responses API function_call / function_call_output / reasoning items
     role = role.lower() if isinstance(role, str) else None
-    if "parts" in message and isinstance(message["parts"], list):
-        return role, content_text(message["parts"])
+    parts = message.get("parts")  # (absent reads None: not a list either)
+    if isinstance(parts, list):
+        return role, content_text(parts)
     return role, content_text(message.get("content"))
 
 

@@ -136,6 +136,48 @@ def test_otlp_json_record() -> None:
     assert event is not None and event.turn is not None and event.turn.index == 3 and event.turn.input == "q"
 
 
+def _protobuf_record(resource: list[tuple[str, str]], spans: int = 2) -> bytes:
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    request = ExportTraceServiceRequest()
+    resource_spans = request.resource_spans.add()
+    for key, value in resource:
+        pair = resource_spans.resource.attributes.add()
+        pair.key, pair.value.string_value = key, value
+    scope_spans = resource_spans.scope_spans.add()
+    for i in range(spans):
+        one = scope_spans.spans.add()
+        one.trace_id, one.span_id, one.name = b"\x01" * 16, bytes([i + 1]) * 8, "chat"
+        pair = one.attributes.add()
+        pair.key, pair.value.string_value = "gen_ai.conversation.id", "c"
+    return request.SerializeToString()
+
+
+@pytest.mark.parametrize(
+    "resource",
+    [
+        [("service.name", "svc"), ("host.name", "h")],
+        [("service.name", "first"), ("telemetry.sdk.name", "opentelemetry"), ("service.name", "last")],
+        [("host.name", "h")],
+        [],
+    ],
+)
+def test_the_hot_path_reads_the_resources_service_name_as_the_full_decode_does(resource: list[tuple[str, str]]) -> None:
+    """The hot path (`relevant` given) reads only `service.name`, on first asking, once per resource: it must say
+    what the whole resource's attributes say (the last one wins), to every span of the record, asked or not."""
+    from tracejudge.consumer.adapters import may_matter
+    from tracejudge.tracer.identity import service_name
+
+    value = _protobuf_record(resource)
+    full = decode_record(value)
+    hot = decode_record(value, relevant=may_matter)
+    expected = full[0].resource.get("service.name")
+    assert expected == dict(resource).get("service.name")
+    assert [span.resource.get("service.name") for span in hot] == [expected, expected]
+    assert dict(hot[1].resource) == ({"service.name": expected} if expected is not None else {})
+    assert service_name(hot[0].resource) == service_name(full[0].resource)
+
+
 @pytest.mark.parametrize("value", [b"", b"\x00\x01", b"{}", b'{"resourceSpans": 5}', b"x" * 10])
 def test_unreadable_records_are_malformed(value: bytes) -> None:
     with pytest.raises(MalformedRecord):
