@@ -36,6 +36,10 @@ class JudgeJob:
     # When the conversation completed (record time, ms since the epoch; None before the judge queue carried it):
     # where tracejudge_verdict_delay_seconds starts.
     completed_ms: int | None = None
+    # True: the job is sampled out and its owner recorded that outcome when it sent the job (one changelog write, with
+    # the completion): the judge worker sends no outcome back. False for every other job, and for jobs of a version
+    # that did not record it (their owner waits for the answer as before).
+    answered: bool = False
 
     @property
     def last_exchange(self) -> Turn:

@@ -456,10 +456,14 @@ class JudgeWorker(AsyncConsumerRebalanceListener):
 
     def _finished(self, judgement: Judgement) -> None:
         """Its outputs are durable: tell the conversation's owner the outcome; the job's offset may be committed once
-        that acknowledgement is itself acknowledged (a failed one is sent again at the next step)."""
+        that acknowledgement is itself acknowledged (a failed one is sent again at the next step). A job whose owner
+        recorded its outcome when it sent it (`answered`: sampled out) is told nothing: its offset may go now."""
         job = judgement.job
         for copy in self._settle(judgement):
             self._finished(Judgement(copy, judgement.outcome))
+        if job.answered and judgement.outcome == OUTCOME_SAMPLED_OUT:
+            self.offsets.release(job.key)
+            return
         assert self.producer is not None
         value = R.verdict_value(job.content_id, judgement.outcome)
         producer = self.producer

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from typing import Any
 
 from tracejudge._shared.rate_limited_log import RateLimitedLog
@@ -21,6 +22,7 @@ from ..conversation.job import MAX_FIELD_CHARS, JudgeJob
 from ..conversation.reading import read_events
 from ..conversation.textless import TextlessSpans
 from ..emit.prometheus import ConsumerInstruments
+from ..judgement import OUTCOME_SAMPLED_OUT
 from . import records as R
 from .clock import record_time
 from .instruments import StreamsInstruments
@@ -170,15 +172,23 @@ class Processor:
             logger.warning("unreadable repartition record at %d/%d: %r", record.partition, record.offset, exc)
 
     def dispatch(self, tasks: Iterable[Task]) -> None:
-        """The active tasks' completed conversations to the judge queue, each marked sampled or not."""
+        """The active tasks' completed conversations to the judge queue, each marked sampled or not.
+
+        A job sampled out is answered by the judge worker with exactly that outcome: the table records it now, so the
+        conversation goes to the changelog once, with its completion, in the same commit as the job, and the job says
+        so (`answered`): the worker sends no outcome back through the repartition topic. A restart or a move before
+        the worker read the job finds the outcome in the restored state."""
         for task in active(tasks):
             for dispatch in task.table.take_dispatches():
                 job = dispatch.job
                 sampled = self.select(job)
+                if not sampled:
+                    job = replace(job, answered=True)
+                    task.table.verdict(job.conversation_id, job.content_id, OUTCOME_SAMPLED_OUT, dispatch.completed_ms)
                 self.collector.send(
                     self.topics.judge_queue,
                     job.conversation_id,
-                    R.dumps(R.job_to_json(job, sampled=sampled, completed_ms=dispatch.completed_ms)),
+                    R.dumps_job(job, sampled=sampled, completed_ms=dispatch.completed_ms),
                     R.JOB,
                     partition=task.partition,
                     timestamp_ms=dispatch.completed_ms,

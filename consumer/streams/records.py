@@ -50,6 +50,17 @@ def dumps(value: Any) -> bytes:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode("utf-8", "surrogatepass")
 
 
+def dumps_job(job: JudgeJob, *, sampled: bool, completed_ms: int) -> bytes:
+    """A job record (`job_to_json`), by msgspec (~5x faster than `dumps`, one per completed conversation). A job holds
+    no floats (where msgspec and json would differ: NaN), and a text msgspec refuses (a lone surrogate) goes through
+    `dumps`: either way `loads` reads back the same value."""
+    data = job_to_json(job, sampled=sampled, completed_ms=completed_ms)
+    try:
+        return _encode(data)
+    except UnicodeEncodeError:
+        return dumps(data)
+
+
 _decode = msgspec.json.Decoder().decode
 _encode = msgspec.json.Encoder().encode
 
@@ -96,7 +107,8 @@ def event_from_json(conversation_id: str, data: dict[str, Any]) -> ConversationE
 
 
 def job_to_json(job: JudgeJob, *, sampled: bool, completed_ms: int) -> dict[str, Any]:
-    return {
+    """`answered` is written only when true: a worker of an earlier version ignores it and answers as before."""
+    data = {
         "conversation_id": job.conversation_id,
         "agent": job.agent,
         "version": job.version,
@@ -109,6 +121,9 @@ def job_to_json(job: JudgeJob, *, sampled: bool, completed_ms: int) -> dict[str,
         "sampled": sampled,
         "completed_ms": completed_ms,
     }
+    if job.answered:
+        data["answered"] = True
+    return data
 
 
 def job_from_json(data: dict[str, Any], *, key: str, partition: int) -> tuple[JudgeJob, bool, int]:
@@ -126,6 +141,7 @@ def job_from_json(data: dict[str, Any], *, key: str, partition: int) -> tuple[Ju
         completed_by=str(data["completed_by"]),
         content_id=str(data["content_id"]),
         completed_ms=int(data["completed_ms"]),
+        answered=data.get("answered") is True,
     )
     return job, bool(data["sampled"]), int(data["completed_ms"])
 
@@ -160,6 +176,7 @@ class _JobRecord(msgspec.Struct, gc=False):
     sampled: bool
     completed_ms: int
     retry: Any = None
+    answered: bool = False
 
 
 _read_job = msgspec.json.Decoder(_JobRecord).decode
@@ -204,6 +221,7 @@ def job_record(value: bytes, *, key: str, partition: int) -> tuple[JudgeJob, boo
         completed_by=data.completed_by,
         content_id=data.content_id,
         completed_ms=data.completed_ms,
+        answered=data.answered,
     )
     return job, data.sampled, data.retry
 

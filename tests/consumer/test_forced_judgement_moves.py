@@ -1,8 +1,13 @@
 """Negative feedback on a sampled-out conversation whose partition moved (restart, rebalance) before the judge
-worker's answer came: one forced judgement, and the late answer never stands for it. (A sampled-out outcome recorded
-at dispatch, in memory, once judged some conversations twice here.)"""
+worker's answer came: one forced judgement, and the late answer never stands for it. Both ways a state can hold the
+sampled-out job: its outcome recorded when the job was sent (this version: durable with the completion, and the
+worker sends no answer, though one of an earlier version still does) or waiting for the worker's answer (a state an
+earlier version wrote). (A sampled-out outcome recorded at dispatch in memory only once judged some conversations
+twice here.)"""
 
 from __future__ import annotations
+
+import pytest
 
 from tracejudge.consumer.adapters import ConversationEvent, Feedback, Turn
 from tracejudge.consumer.conversation.table import ConversationTable
@@ -17,9 +22,12 @@ def neg(n: int) -> ConversationEvent:
     return ConversationEvent("c", "a", feedback=Feedback(-1.0, "thumbs_down", "bad", f"fb-{n}"))
 
 
-def _dispatch_sampled_out(table: ConversationTable) -> str:
-    """As Processor.dispatch does: the job goes out, its outcome is the judge worker's answer."""
+def _dispatch_sampled_out(table: ConversationTable, *, recorded: bool) -> str:
+    """As Processor.dispatch does (`recorded`: this version records the outcome as it sends the job; else the
+    state waits for the worker's answer, as an earlier version's did)."""
     (first,) = table.take_dispatches()
+    if recorded:
+        table.verdict("c", first.job.content_id, "sampled_out", 1002)
     return first.job.content_id
 
 
@@ -35,19 +43,20 @@ def _moved(table: ConversationTable) -> ConversationTable:
     return fresh
 
 
-def _completed_and_moved() -> tuple[ConversationTable, str]:
+def _completed_and_moved(recorded: bool) -> tuple[ConversationTable, str]:
     """A two-turn conversation completed, its job J1 sent (to be sampled out), committed, then kill -9 / rebalance:
     its next owner's table, J1's answer not in yet; and J1's content id."""
     table = ConversationTable()
     for n in range(2):
         table.apply(turn("c", n), 1000 + n)
     table.apply(ConversationEvent("c", "a", ended=True), 1002)
-    content = _dispatch_sampled_out(table)
+    content = _dispatch_sampled_out(table, recorded=recorded)
     return _moved(table), content
 
 
-def test_forced_judgements_after_a_move_before_the_answer() -> None:
-    table, content = _completed_and_moved()
+@pytest.mark.parametrize("recorded", [True, False], ids=["outcome recorded at dispatch", "waiting for the answer"])
+def test_forced_judgements_after_a_move_before_the_answer(recorded: bool) -> None:
+    table, content = _completed_and_moved(recorded)
     forced = []
     table.apply(neg(1), 1003)
     forced += table.take_dispatches()
@@ -59,8 +68,9 @@ def test_forced_judgements_after_a_move_before_the_answer() -> None:
     assert len(forced) == 1, [(d.job.completed_by, d.job.content_id) for d in forced]
 
 
-def test_the_late_answer_never_overwrites_a_judgement() -> None:
-    table, content = _completed_and_moved()
+@pytest.mark.parametrize("recorded", [True, False], ids=["outcome recorded at dispatch", "waiting for the answer"])
+def test_the_late_answer_never_overwrites_a_judgement(recorded: bool) -> None:
+    table, content = _completed_and_moved(recorded)
     table.apply(neg(1), 1003)
     table.take_dispatches()
     table.verdict("c", content, "sampled_out", 1004)  # J1's answer

@@ -81,6 +81,27 @@ def test_job_record_reads_what_json_reads(turn: dict[str, Any], fast: bool) -> N
 
 
 @pytest.mark.parametrize(
+    "turn",
+    [
+        {},
+        {"input": "x" * 10_000, "output": None, "start_ns": 2**64 - 1},
+        {"input": 'emoji 😀 and \u2028 and \x00 \x1f \x7f "quoted" \\'},
+        {"start_ns": 2**70},
+        {"conversation_id": "c\ud800"},  # a lone surrogate: msgspec refuses it, `dumps` writes it
+        {"input": "\udc80 lone"},
+    ],
+)
+@pytest.mark.parametrize("answered", [True, False])
+def test_a_job_written_by_dumps_job_reads_back_as_one_written_by_dumps(turn: dict[str, Any], answered: bool) -> None:
+    job = dataclasses.replace(_job(**turn), answered=answered)
+    fast = R.dumps_job(job, sampled=not answered, completed_ms=5)
+    slow = R.dumps(R.job_to_json(job, sampled=not answered, completed_ms=5))
+    assert R.loads(fast) == R.loads(slow) == _old_loads(slow)
+    assert R.job_record(fast, key="0:1", partition=0) == R.job_record(slow, key="0:1", partition=0)
+    assert R.job_record(fast, key="0:1", partition=0)[0].answered is answered
+
+
+@pytest.mark.parametrize(
     "edit",
     [
         lambda v: v["turns"][0].update(extra=1),  # a field Turn does not have: Turn(**) refuses it

@@ -7,7 +7,7 @@ tests/reliability/test_crash.py (whose duplicate bound this keeps)."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -172,3 +172,41 @@ def test_a_batch_tier_pool_abandons_a_revoked_partitions_judgements_and_keeps_th
     finally:
         answer.set()
         pool.stop(5.0)
+
+
+class _Outputs:
+    """The delivery's side the worker uses for a job not judged: its outcome goes out, then `drain` reports it."""
+
+    def __init__(self) -> None:
+        self.durable: list[Judgement] = []
+
+    def not_judged(self, judgement: Judgement) -> None:
+        self.durable.append(judgement)
+
+    def drain(self, finished: Any) -> None:
+        done, self.durable = self.durable, []
+        for judgement in done:
+            finished(judgement)
+
+
+def _sampled_out_record(offset: int, content_id: str, *, answered: bool) -> Record:
+    plain = R.loads(job_record(offset, content_id).value)
+    job, _sampled, ms = R.job_from_json(plain, key="", partition=0)
+    return Record(offset, R.dumps(R.job_to_json(replace(job, answered=answered), sampled=False, completed_ms=ms)))
+
+
+def test_a_job_whose_owner_recorded_its_sampled_out_outcome_is_not_answered_and_an_earlier_versions_is() -> None:
+    """The processor records a sampled-out outcome when it sends the job and says so (`answered`): the worker sends
+    nothing back and the job's offset is committable once its outputs are durable. A job of an earlier version (no
+    `answered`) is answered through the repartition topic as before, its offset committable once that is
+    acknowledged."""
+    judges, pool, producer, _ = worker()
+    judges.delivery = _Outputs()  # type: ignore[assignment]
+    judges._record(0, _sampled_out_record(3, "x", answered=True))
+    judges._record(0, _sampled_out_record(4, "y", answered=False))
+    judges.offsets.consumed(0, 5)
+    assert judges.offsets.committable() == {0: 3}  # neither output is durable yet
+    judges.delivery.drain(judges._finished)
+    assert pool.submitted == []
+    assert producer.acks == [("y", "sampled_out")]  # only the earlier version's job is answered
+    assert judges.offsets.committable() == {0: 5}

@@ -86,32 +86,47 @@ def test_what_messagepack_cannot_carry_is_written_as_json() -> None:
     assert R.decode_state(kind, value) == state
 
 
-def test_a_replayed_verdict_writes_nothing() -> None:
+def test_a_sampled_out_conversation_is_written_once_with_its_outcome_and_a_replayed_verdict_writes_nothing() -> None:
+    """The processor records a sampled-out outcome when it sends the job (`answered` on the job: the worker sends
+    nothing back): the conversation goes to the changelog once, with its completion. An answer that comes all the same
+    (a worker of an earlier version, a replay) changes nothing; another outcome is a change."""
     asm = assembler()
-    asm.processor.select = lambda job: False  # sampled out: the judge worker answers "sampled_out"
+    asm.processor.select = lambda job: False  # sampled out
     task = Task(0, asm.state.new_table(), restoring=False, input_position=4)
     asm.tasks = {0: task}
     for n in range(3):
         task.table.apply(turn("quiet", n), 1000 + n)
     task.table.apply(ConversationEvent("quiet", "a", ended=True), 1003)
-    asm.processor.dispatch([task])
-    asm.commit()
     producer = asm.collector.producer
     assert isinstance(producer, FakeProducer)
-    assert changelog_writes(producer, asm).count(b"quiet") == 1  # completed, its outcome pending
+    jobs: list[Any] = []
+    send = producer.send
+
+    def keeping_jobs(topic: str, **kw: Any) -> Any:
+        if topic == asm.topics.judge_queue:
+            jobs.append(kw["value"])
+        return send(topic, **kw)
+
+    producer.send = keeping_jobs  # type: ignore[method-assign]
+    asm.processor.dispatch([task])
+    asm.commit()
+    assert changelog_writes(producer, asm).count(b"quiet") == 1  # completed, with its outcome
     state = task.table.get("quiet")
     assert state is not None and state.last_content_id is not None
     content = state.last_content_id
+    assert state.dispatched == {content: "sampled_out"}
+    (job,) = jobs
+    assert R.loads(job)["answered"] is True and R.loads(job)["sampled"] is False
     answer = {"content_id": content, "outcome": "sampled_out"}
-    for replay in range(2):  # the judge worker's answer, then the same answer replayed
+    for replay in range(2):  # an earlier version's answer, then the same answer replayed
         asm.processor.repartitioned(task, verdict_record(b"quiet", answer))
         task.repartition_position = replay + 1
         asm.commit()
-        assert changelog_writes(producer, asm).count(b"quiet") == 2  # written once, for the first
+        assert changelog_writes(producer, asm).count(b"quiet") == 1  # it changed nothing: not written again
     assert state.dispatched == {content: "sampled_out"}
     asm.processor.repartitioned(task, verdict_record(b"quiet", {"content_id": content, "outcome": "judged"}))
     asm.commit()
-    assert changelog_writes(producer, asm).count(b"quiet") == 3  # another outcome is a change: written
+    assert changelog_writes(producer, asm).count(b"quiet") == 2  # another outcome is a change: written
     assert state.dispatched == {content: "judged"}
 
 
