@@ -233,6 +233,12 @@ def _why_none(outcome: str | None) -> str:
         return "sent to the judges; no outcome yet (waiting in the judge queue or being judged)"
     if outcome == "retrying":
         return "its judgement failed for a reason that can pass: waiting in the retry topic for its next attempt"
+    if outcome == "sampled_out":  # recorded by the owner as it sent the job: the worker may not have read it yet
+        return (
+            "sampled out when it completed, and the results topic holds no record of it yet: the judge worker has not "
+            "read its job (see tracejudge_judge_queue_lag), or no --results-topic given, the consumer ran without "
+            "one, or --no-results-unjudged"
+        )
     return (
         f"its owner recorded {outcome!r} but the results topic holds no record of it (no --results-topic given, "
         "the consumer ran without one, or --no-results-unjudged)"

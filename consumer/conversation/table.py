@@ -40,7 +40,6 @@ logger = logging.getLogger("tracejudge.consumer.conversation")
 OPEN, COMPLETED = "open", "completed"
 JUDGED_OUTCOMES = frozenset({"judged", "failed"})
 RETRYING = "retrying"  # judgement.OUTCOME_RETRYING: not final, a later attempt's outcome follows
-SAMPLED_OUT = "sampled_out"  # judgement.OUTCOME_SAMPLED_OUT
 _SPAN_OVERHEAD = 200  # bytes a kept span costs beyond its text (ids, times, dict slots): an estimate, for the bound
 _STATE_OVERHEAD = 600
 MAX_FEEDBACK = 100
@@ -311,17 +310,6 @@ class ConversationTable:
         already has (a replayed verdict) changes nothing: nothing to write."""
         state = self._resident(conversation_id)
         if state is None or state.dispatched.get(cid_content, outcome) == outcome:
-            return
-        if (
-            outcome == SAMPLED_OUT
-            and state.dispatched.get(cid_content) is None
-            and state.negative_feedback
-            and not state.rejudge_on_outcome
-        ):
-            # A job sent once the conversation had negative feedback is always sampled in (sampling.py), and one sent
-            # before it is not awaited (`rejudge_on_outcome`): this is the late or replayed answer of a job sent
-            # before the feedback (the processor records a sampled-out outcome when it sends the job; a worker of
-            # an earlier version still answers it), never the pending forced judgement's.
             return
         state.dispatched[cid_content] = outcome
         self._touch(state)

@@ -281,8 +281,11 @@ class Assembler(AsyncConsumerRebalanceListener):
     def _flush(
         self, partitions: set[int], timeout_s: float = 30.0, *, revoking: bool = False
     ) -> dict[TopicPartition, OffsetAndMetadata]:
-        """The active tasks of `partitions` made durable (`commit.Committer`): the input offsets to commit."""
+        """The active tasks of `partitions` made durable (`commit.Committer`): the input offsets to commit. Jobs still
+        in a table's outbox go out first: a commit in the middle of a step (a memory bound's) must not write a
+        completion, and commit the input past it, without its job (a crash then would never judge it)."""
         tasks = [self.tasks[p] for p in sorted(partitions) if p in self.tasks and not self.tasks[p].restoring]
+        self.processor.dispatch(tasks)
         return self.committer.flush(tasks, timeout_s, revoking=revoking)
 
     def commit(self) -> None:

@@ -165,3 +165,26 @@ def test_explain_without_a_broker_is_one_line_and_69() -> None:
     done = explain("127.0.0.1:1", "g", "results", "any")
     assert done.returncode == 69, done.stderr
     assert len(done.stderr.strip().splitlines()) == 1 and done.stdout == ""
+
+
+def test_a_sampled_out_conversation_whose_job_is_not_read_yet_is_not_blamed_on_the_results_topic() -> None:
+    """The owner records "sampled_out" as it sends the job: until the judge worker reads it, the results topic holds
+    nothing of it, and the story says the worker may not have read it (not only a missing --results-topic)."""
+    from types import SimpleNamespace
+
+    from tracejudge.consumer.adapters import ConversationEvent, Turn
+    from tracejudge.consumer.cli.explain import build_story
+    from tracejudge.consumer.conversation.table import ConversationTable
+    from tracejudge.consumer.streams import records as R
+
+    table = ConversationTable()
+    table.apply(ConversationEvent("c", "a", turn=Turn("s0", "t", "", 1, 2, "q", "a", index=0)), 1000)
+    table.apply(ConversationEvent("c", "a", ended=True), 1001)
+    (dispatch,) = table.take_dispatches()
+    table.verdict("c", dispatch.job.content_id, "sampled_out", 1001)  # as Processor.dispatch records it
+    state = table.get("c")
+    assert state is not None
+    kind, value = R.encode_state(state)
+    story = build_story("c", [SimpleNamespace(value=value, headers=R.header(kind), timestamp=1001)], [])
+    why = story["judgements"][0]["why_none"]
+    assert "the judge worker has not read its job" in why, why
