@@ -84,6 +84,18 @@ def table(results: dict[str, Any]) -> str:
                         f"{row['vs_bare'][name]:.2f}x bare",
                     )
                 )
+    client = results.get("kafka_client")
+    if client and "inputs" in client:
+        for keyed_by, row in client["inputs"].items():
+            for name in row["figures"]:
+                rows.append(
+                    (
+                        f"Kafka client, {'Collector firehose' if keyed_by == 'firehose' else keyed_by + '-keyed'}",
+                        name,
+                        f"{row['records_per_s'][name]:.0f} records/s",
+                        f"{row['vs_bare'][name]:.2f}x bare",
+                    )
+                )
     restore = results.get("state_restore")
     if restore:
         rows.append(
@@ -130,7 +142,7 @@ def table(results: dict[str, Any]) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m bench")
-    benches = ["tracer", "judge", "ingest", "restore", "memory", "tokens", "cost"]
+    benches = ["tracer", "judge", "ingest", "client", "restore", "memory", "tokens", "cost"]
     parser.add_argument(
         "--only",
         type=lambda value: [name.strip() for name in value.split(",")],
@@ -160,6 +172,10 @@ def main() -> int:
         from bench import consumer_ingest
 
         results["consumer_ingest"] = consumer_ingest.run(conversations=5_000 if args.quick else 20_000, rounds=rounds)
+    if "client" in only:
+        from bench import kafka_client
+
+        results["kafka_client"] = kafka_client.run(conversations=5_000 if args.quick else 20_000, rounds=rounds)
     if "restore" in only:
         from bench import state_restore
 

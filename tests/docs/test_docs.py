@@ -145,6 +145,13 @@ def expected_benchmark_rows(results: dict) -> list[list[str]]:
         for name in row["figures"]:
             rate = f"{row['records_per_s'][name]:.0f} records/s, {row['spans_per_s'][name]:.0f} spans/s"
             rows.append([title, name, rate, f"{row['vs_bare'][name]:.2f}x bare"])
+    client = results.get("kafka_client", {})
+    for keyed_by, row in client.get("inputs", {}).items():
+        kind = "Collector firehose" if keyed_by == "firehose" else f"{keyed_by}-keyed"
+        title = f"Kafka client, {kind}, {row['records']} records"
+        for name in row["figures"]:
+            rate = f"{row['records_per_s'][name]:.0f} records/s"
+            rows.append([title, name, rate, f"{row['vs_bare'][name]:.2f}x bare"])
     restore = results["state_restore"]
     title = f"state restore, {restore['conversations']:,} conversations × {restore['turns_each']} turns"
     median = f"{restore['median_s']:.2f} s (min {restore['min_s']:.2f}, max {restore['max_s']:.2f})"
