@@ -47,6 +47,7 @@ def c_loop(bootstrap: str, topic: str, records: int, *, decode: bool = False) ->
             "group.id": f"c-bare-{uuid.uuid4().hex[:6]}",
             "auto.offset.reset": "earliest",
             "enable.auto.commit": False,
+            "check.crcs": True,  # as kafka-python does by default (librdkafka does not): the same work per batch
             "session.timeout.ms": 6000,
             "heartbeat.interval.ms": 1000,
         }

@@ -39,7 +39,7 @@ def pack(state: ConversationState) -> bytes:
 
 def unpack(value: bytes) -> ConversationState:
     state = _decode(value)
-    state._dropped = set(state.dropped_span_ids)
+    state.shared_empties()
     return state
 
 

@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import logging
 from collections import Counter, OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Protocol
 
@@ -42,6 +43,18 @@ JUDGED_OUTCOMES = frozenset({"judged", "failed"})
 RETRYING = "retrying"  # judgement.OUTCOME_RETRYING: not final, a later attempt's outcome follows
 _SPAN_OVERHEAD = 200  # bytes a kept span costs beyond its text (ids, times, dict slots): an estimate, for the bound
 _STATE_OVERHEAD = 600
+NO_IDS: frozenset[str] = frozenset()
+
+
+def _as_list(items: Sequence[Any]) -> list[Any]:
+    return items if isinstance(items, list) else list(items)
+
+
+def dropped_lookup(span_ids: Sequence[str]) -> AbstractSet[str]:
+    """The lookup set of a state's dropped span ids (the shared empty one when there are none)."""
+    return set(span_ids) if span_ids else NO_IDS
+
+
 MAX_FEEDBACK = 100
 MAX_DROPPED_IDS = 10_000  # span ids remembered per conversation beyond its kept spans (duplicates detection)
 MAX_DISPATCHED = 64  # content ids remembered per conversation (its judged versions)
@@ -64,31 +77,40 @@ class ConversationState:
     agent: str | None = None
     agent_named: bool = False
     spans: dict[str, Turn] = field(default_factory=dict)  # turn spans by span id (the changelog's key: "turns")
-    dropped_span_ids: list[str] = field(default_factory=list)  # spans cut from `spans` by the bound, still seen
+    # Spans cut from `spans` by the bound, still seen. It and `feedback` are the shared empty tuple until their first
+    # item (an empty list costs 56 bytes, and most conversations never have one): a list from then on.
+    dropped_span_ids: Sequence[str] = ()
     status: str = OPEN
     ended: bool = False
     completed_by: str | None = None
     truncated: bool = False
     negative_feedback: bool = False
-    feedback: list[Feedback] = field(default_factory=list)
+    feedback: Sequence[Feedback] = ()
     dispatched: dict[str, str | None] = field(default_factory=dict)  # content id → outcome (None: not known yet)
     rejudge_on_outcome: bool = False  # negative feedback came while the last snapshot's outcome was unknown
     completed_ms: int | None = None
     reordered: bool = False  # some event came another way than its partition's own order (e.g. keyed by trace id)
     end_due_ms: int | None = None  # an end marker that waits for turns still being routed
     size: int = _STATE_OVERHEAD
-    _dropped: set[str] = field(default_factory=set, repr=False, compare=False)  # dropped_span_ids, for lookups
+    # dropped_span_ids, for lookups: one shared empty set until a span is dropped (an empty set costs 216 bytes, an
+    # eighth of a one-turn conversation, and most conversations never drop one)
+    _dropped: AbstractSet[str] = field(default=NO_IDS, repr=False, compare=False)
 
     def seen(self, span_id: str) -> bool:
         return span_id in self.spans or span_id in self._dropped
 
     def drop_ids(self, span_ids: list[str]) -> None:
-        self.dropped_span_ids.extend(span_ids)
-        self._dropped.update(span_ids)
+        self.dropped_span_ids = ids = _as_list(self.dropped_span_ids)
+        ids.extend(span_ids)
+        if isinstance(self._dropped, set):
+            self._dropped.update(span_ids)
+        else:  # the first drop: the shared empty set is replaced, never changed
+            self._dropped = set(self.dropped_span_ids)
 
     def forget_oldest_ids(self, count: int) -> None:
-        self._dropped.difference_update(self.dropped_span_ids[:count])
-        del self.dropped_span_ids[:count]
+        if isinstance(self._dropped, set):
+            self._dropped.difference_update(self.dropped_span_ids[:count])
+        self.dropped_span_ids = _as_list(self.dropped_span_ids[count:])
 
     @property
     def last_content_id(self) -> str | None:
@@ -107,10 +129,17 @@ class ConversationState:
         feedback = [Feedback(**item) for item in values.pop("feedback", [])]
         known = set(cls.__slots__) - {"_dropped"}  # type: ignore[attr-defined]
         state = cls(**{k: v for k, v in values.items() if k in known})
-        state._dropped = set(state.dropped_span_ids)
+        state.shared_empties()
         state.spans = {turn.span_id: turn for turn in spans}
-        state.feedback = feedback
+        state.feedback = feedback or ()
         return state
+
+    def shared_empties(self) -> None:
+        """A state read back holds the shared empty tuple and set where it has no dropped ids or feedback, as a new
+        one does (the formats carry empty lists)."""
+        self.dropped_span_ids = self.dropped_span_ids or ()
+        self.feedback = self.feedback or ()
+        self._dropped = dropped_lookup(self.dropped_span_ids)
 
 
 def _utf8(text: str | None) -> int:
@@ -558,7 +587,7 @@ class ConversationTable:
             return False
         feedback.comment = None if feedback.comment is None else clip(feedback.comment, 1_000)
         if len(state.feedback) < MAX_FEEDBACK:
-            state.feedback.append(feedback)
+            state.feedback = [*state.feedback, feedback]
         if feedback.negative:
             state.negative_feedback = True
         return True

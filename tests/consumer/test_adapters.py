@@ -18,6 +18,42 @@ def span(attributes: dict, *, error: bool = False, resource: dict | None = None)
     return DecodedSpan("ab" * 16, "cd" * 8, "", "s", 1, 2, attributes, error, resource or {})
 
 
+def test_trailing_user_messages_join_by_line_and_a_messages_text_parts_join_as_they_are() -> None:
+    """The joins the golden fixtures do not pin (each of their messages is one part): the user's trailing messages
+    join with a newline, one message's text parts with nothing, and a tool call between them is not text."""
+    event = extract(
+        span(
+            {
+                "gen_ai.conversation.id": "c1",
+                "gen_ai.operation.name": "invoke_agent",
+                "gen_ai.input.messages": json.dumps(
+                    [
+                        {"role": "user", "parts": [{"type": "text", "content": "first"}]},
+                        {
+                            "role": "user",
+                            "parts": [{"type": "text", "content": "Hello "}, {"type": "text", "content": "world"}],
+                        },
+                    ]
+                ),
+                "gen_ai.output.messages": json.dumps(
+                    [
+                        {
+                            "role": "assistant",
+                            "parts": [
+                                {"type": "text", "content": "one"},
+                                {"type": "tool_call", "name": "lookup"},
+                                {"type": "text", "content": " two"},
+                            ],
+                        }
+                    ]
+                ),
+            }
+        )
+    )
+    assert event is not None and event.turn is not None
+    assert (event.turn.input, event.turn.output) == ("first\nHello world", "one two")
+
+
 def test_genai_span_of_another_instrumentation() -> None:
     event = extract(
         span(

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from tracejudge.consumer.adapters import ConversationEvent, Feedback, Turn
-from tracejudge.consumer.conversation.table import MAX_DROPPED_IDS, ConversationTable
+from tracejudge.consumer.conversation.codec import pack, unpack
+from tracejudge.consumer.conversation.table import MAX_DROPPED_IDS, NO_IDS, ConversationTable
 
 
 def turn(cid: str, n: int) -> ConversationEvent:
@@ -41,6 +42,30 @@ def test_remembered_span_ids_are_bounded() -> None:
     state = table.get("long")
     assert state is not None and len(state.dropped_span_ids) == MAX_DROPPED_IDS
     assert table.counts["span_ids_forgotten"] > 0
+
+
+def test_dropped_ids_share_one_empty_lookup_until_a_span_is_dropped() -> None:
+    """A conversation that never dropped a span holds no lookup set of its own (216 bytes each); the first drop gives
+    it one, the shared empty one is never changed, and duplicates of dropped spans are still found, also after a
+    restore."""
+    table = ConversationTable(max_turns=2)
+    table.apply(turn("short", 0), 1000)
+    for n in range(5):
+        table.apply(turn("long", n), 1000)
+    short, long = table.get("short"), table.get("long")
+    assert short is not None and long is not None
+    assert short._dropped is NO_IDS and not NO_IDS
+    assert long._dropped is not NO_IDS and set(long.dropped_span_ids) == long._dropped == {
+        f"long-s{n}" for n in range(4)
+    }
+    table.apply(turn("long", 0), 1001)  # a redelivered span the window cut: a duplicate
+    assert table.counts["duplicate_spans"] == 1
+    restored = unpack(pack(long))
+    assert restored.seen("long-s1") and not restored.seen("long-s9")
+    again = unpack(pack(short))  # read back: the shared empties again, not empty lists of its own
+    assert again == short and again._dropped is NO_IDS and again.dropped_span_ids == () and again.feedback == ()
+    long.forget_oldest_ids(1)
+    assert long._dropped == {"long-s1", "long-s2", "long-s3"} and not NO_IDS
 
 
 def test_negative_feedback_in_the_end_markers_batch_joins_its_snapshot() -> None:

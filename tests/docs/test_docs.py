@@ -183,6 +183,9 @@ def test_benchmark_table_is_bench_results_json() -> None:
     assert table(text, "| benchmark |") == expected_benchmark_rows(results)
     date = results["date"][:10]
     assert f"Python {results['machine']['python']}, {date}" in text
+    assert f"- {results['machine']['cpu']}:" in text  # the host of the latest run is named
+    client = results.get("kafka_client", {}).get("machine")
+    assert client is None or f"- {client['cpu']}:" in text  # and the Kafka client rows' own host
 
 
 def test_cost_table_is_bench_results_json() -> None:
