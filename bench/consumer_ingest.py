@@ -11,8 +11,8 @@ holds the end marker), as a live app exports them:
 - a Collector firehose: trace-keyed too, and 9 of 10 records are an application's HTTP or database span (nothing
   for a conversation), as the Collector forwards every span of every trace.
 
-`read_events` per record is also timed alone (CPU µs, best of rounds) on the bench's turn record and on a firehose
-record, beside the protobuf parse of the same bytes.
+`read_events` per record is also timed alone (CPU µs, best of rounds) on the bench's turn record, on a firehose
+record and on a Collector batch of both kinds, beside the protobuf parse of the same bytes.
 
 The tracejudge figure runs from its first record to the barrier: `tracejudge_conversations_completed_total` reaching
 the number of conversations (role `assemble`), or every conversation's outcome (`tracejudge_sessions_total`, sampled
@@ -148,11 +148,17 @@ def produce(bootstrap: str, topic: str, conversations: int, keyed_by: str) -> in
 
 def per_record_us(rounds: int, calls: int = 5_000) -> dict[str, dict[str, float]]:
     """CPU µs per record, best of `rounds`: the protobuf parse and `read_events` of the bench's turn record (the
-    middle turn: no end marker) and of a firehose record (an HTTP span)."""
+    middle turn: no end marker), of a firehose record (an HTTP span) and of the turn batched with nine HTTP and
+    database spans of other traces."""
     tracer = TracerProvider().get_tracer("bench")
+    turn = turn_batch(tracer, "bench-conversation-0", 1)
     values = {
-        "turn record": encode_spans(turn_batch(tracer, "bench-conversation-0", 1)).SerializeToString(),
+        "turn record": encode_spans(turn).SerializeToString(),
         "firehose record (HTTP span)": encode_spans([other_span(tracer, 1)]).SerializeToString(),
+        # The Collector without per-trace partitioning: one record holds a batch of many traces' spans.
+        "Collector batch (the turn and 9 HTTP/DB spans of other traces)": encode_spans(
+            turn + [other_span(tracer, i) for i in range(FIREHOSE_OTHERS)]
+        ).SerializeToString(),
     }
     stages: dict[str, Callable[[bytes], Any]] = {
         "protobuf parse": ExportTraceServiceRequest.FromString,

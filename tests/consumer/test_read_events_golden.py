@@ -16,6 +16,7 @@ import json
 from typing import Any
 
 import pytest
+from opentelemetry import trace
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.trace import TracerProvider
@@ -32,7 +33,7 @@ from tracejudge.consumer.adapters import (
 )
 from tracejudge.consumer.conversation.reading import read_events
 from tracejudge.consumer.conversation.textless import TextlessSpans
-from tracejudge.consumer.decode import DEFAULT_MAX_RECORD_BYTES
+from tracejudge.consumer.decode import DEFAULT_MAX_RECORD_BYTES, decode_record
 from tracejudge.consumer.exchanges import exchanges
 from tracejudge.tracer.identity import CONVERSATION_ID_KEYS
 
@@ -151,6 +152,58 @@ def test_a_skipped_record_is_still_checked() -> None:
     )
     assert (read_events(b"\x0a\xff\xff", max_bytes=1 << 20)[1] or "").startswith("not an OTLP protobuf trace export")
     assert read_events(_record("GET /", HTTP), max_bytes=10)[1] is not None  # the size limit first
+
+
+# -- the sift: of a record of several spans, the spans of traces none of whose spans can matter go unbuilt ----------
+
+
+def _others(count: int) -> ExportTraceServiceRequest:
+    """An application's HTTP spans, each its own trace, as the Collector batches them beside an agent's."""
+    tracer = TracerProvider().get_tracer("app")
+    spans = []
+    for n in range(count):
+        span = tracer.start_span(f"GET /api/orders/{n}", attributes=HTTP)
+        span.end()
+        spans.append(span)
+    return encode_spans(spans)
+
+
+def _with_others(value: bytes, count: int = 3) -> bytes:
+    merged = ExportTraceServiceRequest.FromString(value)
+    merged.resource_spans.extend(_others(count).resource_spans)
+    return merged.SerializeToString()
+
+
+@pytest.mark.parametrize("route", ROUTES)
+@pytest.mark.parametrize("setup", SETUPS)
+def test_every_fixture_reads_the_same_beside_other_traces_spans(setup: str, route: str) -> None:
+    """Each recorded record, batched with other traces' HTTP spans in one export, yields exactly what it yields alone
+    (events, failure, text-less reports): the sift drops only spans that could not matter, over every library."""
+    for index, value in enumerate(_route(setup, route)):
+        if value[:1] == b"{":
+            continue  # OTLP JSON is read whole
+        alone, beside = _Recorder(), _Recorder()
+        got = read_events(_with_others(value), max_bytes=DEFAULT_MAX_RECORD_BYTES, textless=beside)
+        assert got == read_events(value, max_bytes=DEFAULT_MAX_RECORD_BYTES, textless=alone), f"record {index}"
+        assert beside.calls == alone.calls, f"record {index}"
+
+
+def test_a_marker_less_span_stays_when_its_trace_holds_a_marked_one() -> None:
+    """A span's trace decides, not the span: a child without markers beside its conversation's agent span is built
+    (its trace lends it the conversation), other traces' spans are not; a span whose marker stands in a value is kept
+    (a span's bytes are searched, as a record's are: a value can only keep more) and yields nothing, quietly."""
+    tracer = TracerProvider().get_tracer("agent")
+    agent = tracer.start_span("invoke_agent a", attributes={"gen_ai.conversation.id": "c9", "gen_ai.agent.name": "a"})
+    child = tracer.start_span("fetch", context=trace.set_span_in_context(agent), attributes=HTTP)
+    child.end()
+    agent.end()
+    value = _with_others(encode_spans([agent, child]).SerializeToString())
+    names = [span.name for span in decode_record(value, relevant=may_matter)]
+    assert names == ["invoke_agent a", "fetch"]  # the three other traces' spans unbuilt
+    assert len(decode_record(value)) == 5
+    in_values = _with_others(_record("GET /", {**HTTP, "url.full": "http://x/session?gen_ai.x=1"}))
+    assert [span.name for span in decode_record(in_values, relevant=may_matter)] == ["GET /"]
+    assert read_events(in_values, max_bytes=1 << 20) == ([], None)
 
 
 def main() -> None:
