@@ -124,15 +124,17 @@ def _holds_spans(request: ExportTraceServiceRequest) -> bool:
 
 
 def _traces_that_matter(request: ExportTraceServiceRequest, relevant: Callable[[bytes], bool]) -> set[bytes] | None:
-    """Of a record of SIFT_FROM_SPANS spans or more, the traces that hold a span whose own bytes (or whose scope's or
-    resource's) `relevant` says can matter; None: every span stays.
+    """Of a record of SIFT_FROM_SPANS spans or more, the traces that hold a span whose own bytes, or whose scope's,
+    `relevant` says can matter; None: every span stays.
 
     A span of any other trace cannot make an event: it names no conversation, nor does any span of its trace in this
-    record that could lend it one (`adapters.trace_contexts` joins a record's spans by trace), and it is no model call.
-    The Collector batches every span of its traces into one record: their HTTP and database spans go unbuilt. A span
-    re-serialized and searched costs ~1 µs where building its attributes costs several."""
+    record that could lend it one (`adapters.trace_contexts` joins a record's spans by trace), and it is no model call
+    (those are told by their own keys or their scope's name). The resource is not searched: the hot path reads only its
+    `service.name`, which makes no event. The Collector batches every span of its traces into one record: their HTTP
+    and database spans go unbuilt. A span re-serialized and searched costs ~1 µs where building its attributes costs
+    several."""
     spans = [
-        (span, resource_spans, scope_spans)
+        (span, scope_spans)
         for resource_spans in request.resource_spans
         for scope_spans in resource_spans.scope_spans
         for span in scope_spans.spans
@@ -140,17 +142,15 @@ def _traces_that_matter(request: ExportTraceServiceRequest, relevant: Callable[[
     if len(spans) < SIFT_FROM_SPANS:
         return None
     marked: set[bytes] = set()
-    outer: dict[int, bool] = {}  # per scope (held in `spans`, so no id is reused): its scope or resource matters
-    for span, resource_spans, scope_spans in spans:
+    scopes: dict[int, bool] = {}  # by the scope's id (each held in `spans`, so none is reused): its name matters
+    for span, scope_spans in spans:
         trace = span.trace_id
         if trace in marked or relevant(span.SerializeToString()):  # its own bytes first: a GenAI span holds markers
             marked.add(trace)
             continue
-        scope_matters = outer.get(id(scope_spans))
+        scope_matters = scopes.get(id(scope_spans))
         if scope_matters is None:
-            scope_matters = outer[id(scope_spans)] = relevant(resource_spans.resource.SerializeToString()) or relevant(
-                scope_spans.scope.SerializeToString()
-            )
+            scope_matters = scopes[id(scope_spans)] = relevant(scope_spans.scope.SerializeToString())
         if scope_matters:
             marked.add(trace)
     return marked

@@ -100,6 +100,8 @@ class ConversationState:
         return span_id in self.spans or span_id in self._dropped
 
     def drop_ids(self, span_ids: list[str]) -> None:
+        if not span_ids:
+            return
         self.dropped_span_ids = ids = _as_list(self.dropped_span_ids)
         ids.extend(span_ids)
         if isinstance(self._dropped, set):
@@ -111,6 +113,8 @@ class ConversationState:
         if isinstance(self._dropped, set):
             self._dropped.difference_update(self.dropped_span_ids[:count])
         self.dropped_span_ids = _as_list(self.dropped_span_ids[count:])
+        if not self.dropped_span_ids:  # all forgotten: the shared empties again, as a state read back has them
+            self.dropped_span_ids, self._dropped = (), NO_IDS
 
     @property
     def last_content_id(self) -> str | None:

@@ -206,6 +206,25 @@ def test_a_marker_less_span_stays_when_its_trace_holds_a_marked_one() -> None:
     assert read_events(in_values, max_bytes=1 << 20) == ([], None)
 
 
+def test_a_model_call_told_by_its_scope_alone_is_reported_beside_other_traces() -> None:
+    """Google ADK's `call_llm` span with no attributes is a model call by its scope's name: in a batch with other
+    traces' spans it is still built, and reported as a text-less model call."""
+    tracer = TracerProvider()
+    adk = tracer.get_tracer("gcp.vertex.agent").start_span("call_llm")
+    adk.end()
+    others = []
+    for n in range(2):
+        other = tracer.get_tracer("app").start_span(f"GET /{n}", attributes=HTTP)
+        other.end()
+        others.append(other)
+    textless = _Recorder()
+    assert read_events(encode_spans([adk, *others]).SerializeToString(), max_bytes=1 << 20, textless=textless) == (
+        [],
+        None,
+    )
+    assert [(call["convention"], call["scope"]) for call in textless.calls] == [("google_adk", "gcp.vertex.agent")]
+
+
 def main() -> None:
     out = {f"{setup}/{route}": capture(setup, route) for setup in SETUPS for route in ROUTES}
     data = json.dumps(out, sort_keys=True, ensure_ascii=False).encode()

@@ -66,6 +66,8 @@ def test_dropped_ids_share_one_empty_lookup_until_a_span_is_dropped() -> None:
     assert again == short and again._dropped is NO_IDS and again.dropped_span_ids == () and again.feedback == ()
     long.forget_oldest_ids(1)
     assert long._dropped == {"long-s1", "long-s2", "long-s3"} and not NO_IDS
+    long.forget_oldest_ids(3)  # all of them: the shared empties again, equal to the state read back
+    assert long.dropped_span_ids == () and long._dropped is NO_IDS and unpack(pack(long)) == long
 
 
 def test_negative_feedback_in_the_end_markers_batch_joins_its_snapshot() -> None:
