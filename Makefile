@@ -37,8 +37,10 @@ prometheus:
 demo: $(VENV)/.demo-installed
 	$(VENV)/bin/tracejudge demo
 
+# The checks (ruff, format, mypy, import contracts) beside the parallel tests, then the serial ones; the slowest
+# tests are printed and every test's time is in .test-reports/durations.txt (docs/testing.md).
 test: install prometheus
-	$(PY) -m pytest
+	$(PY) -m tests.run_suite
 
 bench: install
 	$(PY) -m pip install -q -e ".[all,bench]"
@@ -52,4 +54,4 @@ options-table: $(VENV)/.demo-installed
 	$(PY) -m tracejudge.consumer.cli.options --write docs/configuration.md
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) build *.egg-info .pytest_cache .test-reports

@@ -33,3 +33,35 @@ def check_kafka_options(options: Mapping[str, Any], known: Iterable[str]) -> Non
         path = options.get(name)
         if path is not None and not os.path.isfile(str(path)):
             raise ValueError(f"{name} {path!r} is not a readable file")
+
+
+def construct_client(factory: Any, **config: Any) -> Any:
+    """`factory(**config)` (KafkaConsumer, KafkaProducer) that leaves no thread behind when it raises.
+
+    kafka-python 3.0 starts a client's IO thread in the constructor, then bootstraps; when no broker answers the
+    constructor raises and the started thread runs on, with no object to close (a process retrying through an outage
+    gained one thread and its sockets per try). The client the constructor made is kept here and closed on failure.
+    A constructor that makes no client through `kafka_client` (another library, a fake) is called as it is."""
+    base: Any = config.get("kafka_client")
+    if base is None:
+        try:
+            from kafka.net.compat import KafkaNetClient
+
+            base = KafkaNetClient
+        except ImportError:  # another kafka-python layout: nothing to keep
+            return factory(**config)
+    made: list[Any] = []
+
+    def client(*args: Any, **kwargs: Any) -> Any:
+        made.append(base(*args, **kwargs))
+        return made[-1]
+
+    try:
+        return factory(**{**config, "kafka_client": client})
+    except BaseException:
+        for each in made:
+            try:
+                each.close()
+            except Exception:
+                pass
+        raise

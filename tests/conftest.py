@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
+import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -15,6 +18,84 @@ from tests.support.judge_server import JudgeServer
 from tracejudge.consumer.embedded_broker import BrokerUnavailable, EmbeddedBroker
 
 IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
+
+
+# Threads a library starts once per process and keeps for the process's life: not something a test started and left.
+PROCESS_LIFETIME_THREADS = (
+    "litellm-logging_",  # LiteLLM's logging worker: started by its first call, kept for the process, no way to stop it
+)
+# How long a test's own threads and processes get to end after its teardown before it fails for leaving them: a
+# barrier (join / wait), so a clean test costs nothing.
+LEAK_GRACE_S = 10.0
+
+
+def running_children() -> dict[int, str]:
+    """This process's children still running (a zombie has ended: only its exit status is left), pid -> command."""
+    children: dict[int, str] = {}
+    for task in Path(f"/proc/{os.getpid()}/task").glob("*/children"):
+        try:
+            pids = [int(pid) for pid in task.read_text().split()]
+        except OSError:
+            continue
+        for pid in pids:
+            try:
+                stat = Path(f"/proc/{pid}/stat").read_text()
+                command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if stat.rsplit(")", 1)[1].split()[0] != "Z":
+                children[pid] = command.strip()[:120]
+    return children
+
+
+def _ended(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return True
+    return state == "Z"
+
+
+@pytest.fixture(autouse=True)
+def _closes_what_it_starts(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Fails the test that leaves a thread or a child process running after its teardown: a Kafka client thread that
+    outlives its test logs into a closed capture (`ValueError: I/O operation on closed file`) and costs later tests CPU.
+
+    Autouse and function-scoped, it is set up after the session's and module's fixtures (their broker and consumers
+    are not the test's) and torn down after the test's own fixtures, which must close what they started."""
+    threads_before = set(threading.enumerate())
+    children_before = set(running_children())
+    yield
+    deadline = time.monotonic() + LEAK_GRACE_S
+    threads = [
+        thread
+        for thread in threading.enumerate()
+        if thread not in threads_before and not thread.name.startswith(PROCESS_LIFETIME_THREADS)
+    ]
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    children = {pid: command for pid, command in running_children().items() if pid not in children_before}
+    while children and time.monotonic() < deadline:
+        time.sleep(0.05)  # polling a process's end: /proc has no wait for a process another object may reap
+        children = {pid: command for pid, command in children.items() if not _ended(pid)}
+    left = [f"thread {thread.name!r}" for thread in threads if thread.is_alive()]
+    left += [f"process {pid} ({command})" for pid, command in children.items()]
+    if left:
+        pytest.fail(f"{request.node.nodeid} left running after its teardown: {'; '.join(left)}", pytrace=False)
+
+
+@pytest.fixture(autouse=True)
+def _traced_apps_shut_down(_closes_what_it_starts: None) -> Iterator[None]:
+    """The traced apps a test made (tests/support/pipeline.py's `traced_app`) are shut down after it, before the
+    check above; a module's shared one stays up for the module."""
+    from tests.support.pipeline import TRACED_APPS
+
+    before = len(TRACED_APPS)
+    yield
+    made = TRACED_APPS[before:]
+    del TRACED_APPS[before:]
+    for provider in made:
+        provider.shutdown()
 
 
 @pytest.fixture(autouse=True)

@@ -386,11 +386,13 @@ def _connect(settings: Any) -> Any:
     """The reading consumer (no group, no commits); KafkaUnreachable when the brokers do not answer."""
     from kafka import KafkaConsumer
 
+    from tracejudge._shared.kafka_options import construct_client
+
     from ..service import reaching_kafka
 
     config = {"enable_auto_commit": False, **settings.consumer_config()}
     with reaching_kafka(settings.bootstrap_servers, config):
-        return KafkaConsumer(bootstrap_servers=settings.bootstrap_servers, **config)
+        return construct_client(KafkaConsumer, bootstrap_servers=settings.bootstrap_servers, **config)
 
 
 def _backfill(namespace: argparse.Namespace, settings: Any, start: datetime, end: datetime) -> int:

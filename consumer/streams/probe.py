@@ -9,6 +9,7 @@ from typing import Any
 
 from kafka import KafkaConsumer, TopicPartition
 
+from tracejudge._shared.kafka_options import construct_client
 from tracejudge._shared.rate_limited_log import RateLimitedLog
 
 logger = logging.getLogger("tracejudge.consumer.streams")
@@ -43,7 +44,8 @@ class HighwaterProbe:
 
     def _highwaters(self, positions: Mapping[TopicPartition, int], timeout_ms: int) -> dict[TopicPartition, int]:
         if self._consumer is None:
-            self._consumer = self._factory(
+            self._consumer = construct_client(
+                self._factory,
                 bootstrap_servers=self._bootstrap,
                 client_id="tracejudge-lag-probe",
                 group_id=None,

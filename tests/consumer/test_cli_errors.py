@@ -23,7 +23,7 @@ from kafka import KafkaConsumer, TopicPartition
 from kafka.errors import Cancelled
 from kafka.structs import OffsetAndMetadata
 
-from tests.support.pipeline import wait_for
+from tests.support.pipeline import HEARTBEAT_MS, SESSION_MS, wait_for
 from tracejudge.consumer._logging import KafkaNoise, quiet_kafka_connections
 from tracejudge.consumer.embedded_broker import EmbeddedBroker, free_port
 from tracejudge.consumer.service import EXIT_UNAVAILABLE
@@ -32,7 +32,13 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def tracejudge(*args: str, timeout: float = 120) -> tuple[subprocess.CompletedProcess[str], float]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "TRACEJUDGE_JUDGE_CHECK": "false"}  # Kafka's errors, not the judge's
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "TRACEJUDGE_JUDGE_CHECK": "false",  # Kafka's errors, not the judge's
+        # the user's defaults but a short group session: the join's length is not what these tests test
+        "TRACEJUDGE_KAFKA_CONFIG": f"session_timeout_ms={SESSION_MS},heartbeat_interval_ms={HEARTBEAT_MS}",
+    }
     started = time.monotonic()
     completed = subprocess.run(
         [sys.executable, "-m", "tracejudge.consumer", *args], capture_output=True, text=True, env=env, timeout=timeout
@@ -128,7 +134,13 @@ def test_an_otlp_endpoint_that_is_not_a_url_is_a_configuration_error(endpoint: s
 @contextmanager
 def consume_process(broker: EmbeddedBroker, topic: str, group: str) -> Iterator[tuple[subprocess.Popen, list[str]]]:
     """`tracejudge consume` with its stderr lines collected as they come (the default --start-from latest)."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "TRACEJUDGE_JUDGE_CHECK": "false"}  # Kafka's errors, not the judge's
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "TRACEJUDGE_JUDGE_CHECK": "false",  # Kafka's errors, not the judge's
+        # the user's defaults but a short group session: the join's length is not what these tests test
+        "TRACEJUDGE_KAFKA_CONFIG": f"session_timeout_ms={SESSION_MS},heartbeat_interval_ms={HEARTBEAT_MS}",
+    }
     process = subprocess.Popen(
         [
             sys.executable,

@@ -1,9 +1,10 @@
 """Spans recorded from the real instrumentation libraries reach the judge as the conversation the user really had.
 
 Every fixture under tests/fixtures/interop/<setup>/ (records.jsonl: what KafkaSpanExporter wrote; expected.json: the
-conversation) is produced to one Tansu topic and read by ONE real consumer; the transcript the local judge server
-receives over HTTP must equal the expected turns exactly. Fixtures go one at a time, so each judge request and
-judgement belongs to the fixture just produced.
+conversation) is produced, as recorded and all fixtures at once, to one Tansu topic read by ONE real consumer; the
+transcript the local judge server receives over HTTP must equal the expected turns exactly. Each judgement belongs to
+its fixture by conversation id (every fixture has its own), each judge request to its judgement by a token in the
+scripted reason; a request or judgement no fixture names is a stray, and the whole-replay test counts it.
 
 The Collector route: the same records re-cut as the OpenTelemetry Collector's Kafka exporter writes them
 (`partition_traces_by_id`: one OTLP request per trace, keyed by the trace id in hex), all fixtures at once into a
@@ -15,7 +16,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -92,40 +92,23 @@ def judge() -> Iterator[JudgeServer]:
 
 @pytest.fixture(scope="module")
 def replayed(broker: EmbeddedBroker, judge: JudgeServer) -> dict[str, Replay]:
-    """Every fixture through one broker and one consumer, one fixture at a time."""
+    """Every fixture as recorded, all at once, through one broker and one consumer."""
     if not SETUPS:
         pytest.skip("no interop fixtures recorded")
     topic = f"interop-{uuid.uuid4().hex[:8]}"
     broker.create_topic(topic, partitions=3)
-    collect = Collect()
     settings = consumer_settings(broker.bootstrap_servers, topic, metrics="failure_rate", session_idle_timeout=IDLE_S)
-    producer = KafkaProducer(bootstrap_servers=broker.bootstrap_servers, linger_ms=0)
-    results: dict[str, Replay] = {}
-    try:
-        with RunningConsumer(settings, extra_sinks=[collect]):
-            for setup in SETUPS:
-                seen_judgements, seen_requests = len(collect.judgements), len(judge.requests)
-                for key, value in records(setup):
-                    producer.send(topic, key=key, value=value)
-                producer.flush()
-                wait_for(lambda n=seen_judgements: len(collect.judgements) > n, timeout=30, what=f"{setup} judged")
-                time.sleep(0.7)  # a second conversation made of the same spans completes within one expiry pass
-                results[setup] = Replay(collect.judgements[seen_judgements:], judge.requests[seen_requests:])
-            time.sleep(IDLE_S + 0.6)  # anything still open is complete by now
-            results[ALL] = Replay(list(collect.judgements), list(judge.requests))
-    finally:
-        producer.close()
-    return results
+    recorded = [(key, value) for setup in SETUPS for key, value in records(setup)]
+    return replay(broker, judge, topic, settings, 1, recorded)
 
 
 def test_one_judgement_per_fixture_in_all(replayed: dict[str, Replay]) -> None:
-    everything = replayed[ALL]
+    strays = replayed[ALL]
+    assert not strays.judgements, [(j.job.conversation_id, len(j.job.exchanges)) for j in strays.judgements]
+    assert not strays.requests, [transcript(r) for r in strays.requests]
     silent = [s for s in SETUPS if expected(s).get("content_on_spans") is False]
-    assert len(everything.judgements) == len(SETUPS)
-    assert len(everything.requests) == len(SETUPS) - len(silent)
-    assert sorted(j.job.conversation_id for j in everything.judgements) == sorted(
-        expected(s)["conversation_id"] for s in SETUPS
-    )
+    assert sum(len(replayed[s].judgements) for s in SETUPS) == len(SETUPS)
+    assert sum(len(replayed[s].requests) for s in SETUPS) == len(SETUPS) - len(silent)
 
 
 @pytest.mark.parametrize("setup", SETUPS)
@@ -302,6 +285,20 @@ def collector_replayed(broker: EmbeddedBroker, judge: JudgeServer) -> dict[str, 
     settings = consumer_settings(
         broker.bootstrap_servers, topic, group_id=group, metrics="failure_rate", session_idle_timeout=COLLECTOR_IDLE_S
     )
+    cuts = [cut for setup in SETUPS for _, value in records(setup) for cut in collector_records(value)]
+    return replay(broker, judge, topic, settings, REPLICAS, cuts)
+
+
+def replay(
+    broker: EmbeddedBroker,
+    judge: JudgeServer,
+    topic: str,
+    settings: Any,
+    replicas: int,
+    messages: list[tuple[bytes | None, bytes]],
+) -> dict[str, Replay]:
+    """`messages` through `replicas` consumers of one group, once every replica owns input partitions; returns each
+    fixture's judgements and judge requests (by conversation id and reason token), the rest under ALL."""
     asked: dict[str, dict[str, Any]] = {}  # token in the verdict's reason → the judge request that answered it
 
     def tagged(request: dict[str, Any]) -> Reply:
@@ -310,22 +307,20 @@ def collector_replayed(broker: EmbeddedBroker, judge: JudgeServer) -> dict[str, 
         return verdict("honest_fallback", reason=token)
 
     judge.responder = tagged
-    collects = [Collect() for _ in range(REPLICAS)]
+    collects = [Collect() for _ in range(replicas)]
     producer = KafkaProducer(bootstrap_servers=broker.bootstrap_servers, linger_ms=5)
     ids = {expected(setup)["conversation_id"]: setup for setup in SETUPS}
     try:
         with contextlib.ExitStack() as stack:
-            replicas = [stack.enter_context(RunningConsumer(settings, extra_sinks=[c])) for c in collects]
-            services = [r.app.service for r in replicas]
+            consumers = [stack.enter_context(RunningConsumer(settings, extra_sinks=[c])) for c in collects]
+            services = [r.app.service for r in consumers]
             wait_for(lambda: all(s.assigned.is_set() for s in services), what="replicas ready")
             wait_for(
                 lambda: all(s.assembler.group.assignment() for s in services),  # type: ignore[union-attr]
                 what="every replica assigned input partitions",
             )
-            for setup in SETUPS:
-                for _, value in records(setup):
-                    for key, cut in collector_records(value):
-                        producer.send(topic, key=key, value=cut)
+            for key, value in messages:
+                producer.send(topic, key=key, value=value)
             producer.flush()
             inputs = end_offsets(broker.bootstrap_servers, topic, 3)
 
@@ -337,7 +332,7 @@ def collector_replayed(broker: EmbeddedBroker, judge: JudgeServer) -> dict[str, 
                 return len(owned) == 3 and all((owned[p].committed_input or 0) >= inputs[p] for p in range(3))
 
             wait_for(read_and_committed, timeout=120, what="every input record read and committed (routed)")
-            routed = end_offsets(broker.bootstrap_servers, InternalTopics(group).repartition, 3)
+            routed = end_offsets(broker.bootstrap_servers, InternalTopics(settings.group_id).repartition, 3)
 
             def settled() -> bool:
                 """Every routed event applied, every conversation completed and its verdict acknowledged."""

@@ -9,12 +9,14 @@ import logging
 import socket
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
+import pytest
 from prometheus_client import CollectorRegistry
 
 from tests.consumer.test_notify_export_units import judgement
+from tests.support.loopback import LoopbackHTTPServer
 from tests.support.webhook_receiver import WebhookReceiver
 from tracejudge.consumer.emit.notify import NotificationInstruments, Notifier
 
@@ -65,9 +67,15 @@ class Trickler:
 
     def close(self) -> None:
         self.stop.set()
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)  # wakes the blocked accept (closing the socket alone would not)
+        except OSError:
+            pass
         self.sock.close()
 
 
+# timing-sensitive: asserts how long it took, so it runs alone (tests/run_suite.py's serial phase)
+@pytest.mark.serial
 def test_a_trickling_endpoint_is_cut_at_the_horizon_and_frees_the_commits() -> None:
     """200 then a byte every 0.3 s for 20 s: both posts are given up within a little more than the 1 s horizon (the
     second one by the timer while the first's attempt is still reading), and the connection is shut."""
@@ -110,9 +118,9 @@ class Slow:
             def log_message(self, *args: Any) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        self.server = LoopbackHTTPServer(Handler)
+        self.server.start()
+        self.url = f"{self.server.url}/hook"
 
 
 def test_an_older_post_to_a_failing_endpoint_does_not_cut_a_healthy_slow_one() -> None:
@@ -136,7 +144,7 @@ def test_an_older_post_to_a_failing_endpoint_does_not_cut_a_healthy_slow_one() -
             assert all(e.wait(20) for e in first + second)
         finally:
             notifier.close()
-            slow.server.shutdown()
+            slow.server.stop()
     assert sorted(slow.ids) == sorted(set(slow.ids)), f"the healthy endpoint got duplicates: {slow.ids}"
     # c2 (its whole horizon ahead) reaches the slow endpoint once; c1's attempt there had only its own 0.8 s left
     assert _count(instruments, "delivered") == 1

@@ -81,6 +81,8 @@ def test_a_redirect_is_a_failed_attempt_counted_said_and_retried_never_followed(
     assert "HTTP 302 redirect" in caplog.text and "set --notify-url to the URL it redirects to" in caplog.text
 
 
+# timing-sensitive: asserts how long it took, so it runs alone (tests/run_suite.py's serial phase)
+@pytest.mark.serial
 def test_a_hanging_endpoint_holds_no_commit_past_the_retry_horizon() -> None:
     """One thread posts: without bounding each attempt by what is left of the horizon, three posts to an endpoint
     that never answers would hold their commits 5, 10 and 15 s against a 1 s --notify-retry-for."""
@@ -192,7 +194,11 @@ def test_recording_a_delivery_never_holds_up_the_next_post_and_a_post_is_done_on
             assert outcomes(instruments, "delivered") == [3]
         finally:
             notifier.close()
-    again = DeliveredIds(own_broker.bootstrap_servers, ids.topic, CONSUMER, None).load()
+    reader = DeliveredIds(own_broker.bootstrap_servers, ids.topic, CONSUMER, None)
+    try:
+        again = reader.load()
+    finally:
+        reader._reader.close()
     assert {result_id for result_id, _ in again} == {json.loads(d.body)["id"] for d in receiver.deliveries}
 
 

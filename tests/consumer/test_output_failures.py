@@ -17,9 +17,12 @@ import threading
 import time
 import uuid
 
+import pytest
+
 from tests.consumer.test_pipeline import scripted_judge
 from tests.support.judge_server import JudgeServer, Reply
 from tests.support.pipeline import (
+    KAFKA_SESSION,
     RunningConsumer,
     consumer_settings,
     play,
@@ -41,6 +44,8 @@ def wordy_judge(request: dict) -> Reply:
     return reply
 
 
+# timing-sensitive: asserts how long it took, so it runs alone (tests/run_suite.py's serial phase)
+@pytest.mark.serial
 def test_a_failed_result_write_keeps_its_offset_across_a_restart(
     broker: EmbeddedBroker, topic: str, judge_server: JudgeServer
 ) -> None:
@@ -58,7 +63,7 @@ def test_a_failed_result_write_keeps_its_offset_across_a_restart(
         broker.bootstrap_servers,
         topic,
         **common,
-        kafka_config={"session_timeout_ms": 6000, "heartbeat_interval_ms": 1000, "max_request_size": 8192},
+        kafka_config={**KAFKA_SESSION, "max_request_size": 8192},
         shutdown_grace=2.0,
     )
     with RunningConsumer(failing) as first:
@@ -121,6 +126,8 @@ def test_the_writer_retries_until_the_broker_is_back() -> None:
     print(f"\nwriter outage: {len(errors)} failed sends counted and retried, then delivered")
 
 
+# timing-sensitive: asserts how long it took, so it runs alone (tests/run_suite.py's serial phase)
+@pytest.mark.serial
 def test_close_never_blocks_on_a_full_queue_and_counts_exactly() -> None:
     stopped = EmbeddedBroker().start()
     try:

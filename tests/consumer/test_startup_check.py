@@ -32,7 +32,8 @@ class KafkaListener:
     def __init__(self) -> None:
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.connected = threading.Event()
-        threading.Thread(target=self._accept, daemon=True).start()
+        self._thread = threading.Thread(target=self._accept, name="kafka-listener", daemon=True)
+        self._thread.start()
 
     @property
     def bootstrap(self) -> str:
@@ -48,7 +49,12 @@ class KafkaListener:
             return
 
     def close(self) -> None:
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)  # wakes the blocked accept (closing the socket alone would not)
+        except OSError:
+            pass
         self.sock.close()
+        self._thread.join(10)
 
 
 @pytest.fixture

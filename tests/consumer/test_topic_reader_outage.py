@@ -194,7 +194,13 @@ def test_a_failed_delivered_ids_write_is_counted_as_a_notify_output_error_and_na
     from tests.support.pipeline import wait_for
     from tracejudge.consumer.app import build_notifier
 
-    settings = consumer_settings(own_broker.bootstrap_servers, "unused", notify_url=["http://127.0.0.1:9/hook"])
+    settings = consumer_settings(
+        own_broker.bootstrap_servers,
+        "unused",
+        notify_url=["http://127.0.0.1:9/hook"],
+        # the producer gives a send up after 5 s without a broker, not kafka-python's 60: how long is not tested here
+        kafka_config={"max_block_ms": 5000},
+    )
     errors: list[str] = []
     notifier = build_notifier(settings, NotificationInstruments(CollectorRegistry()), errors.append)
     try:

@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from tests.conftest import missing_part
@@ -112,6 +113,8 @@ def alerts_of(notifications: list[dict[str, Any]]) -> list[tuple[str, dict[str, 
     return [(n["status"], a) for n in notifications for a in n["alerts"]]
 
 
+# alert rules evaluated each second against windows and `for:` of seconds: alone
+@pytest.mark.serial
 def test_spike_notifies_once_then_resolves(
     broker: EmbeddedBroker, topic: str, judge_server: JudgeServer, tmp_path: Path
 ) -> None:
@@ -124,9 +127,9 @@ def test_spike_notifies_once_then_resolves(
             running_alertmanager(tmp_path, human.url) as alertmanager,
             running_prometheus(
                 tmp_path, consumer.app.metrics_url, adapt_rules=shorten_spike, alertmanager=alertmanager
-            ),
+            ) as prometheus,
         ):
-            warm_up(provider, consumer, "spiky-bot", "honest-bot")
+            warm_up(provider, consumer, prometheus, "spiky-bot", "honest-bot")
             # 30 > the rule's 20 in the window, so a slowly judged burst still clears it while it lasts.
             play(provider, {f"spike-{i}": [(f"spike {i}", "INVENTED figure")] for i in range(30)}, agent="spiky-bot")
             play(provider, {f"calm-{i}": [(f"calm {i}", "I am not sure.")] for i in range(25)}, agent="honest-bot")

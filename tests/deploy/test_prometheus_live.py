@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.consumer.test_pipeline import scripted_judge
 from tests.deploy.test_deploy_files import dashboard_exprs
 from tests.support.judge_server import JudgeServer, Reply, conversation_text
@@ -20,6 +22,8 @@ def judge_with_failures(request: dict) -> Reply:
     return scripted_judge(request)
 
 
+# alert rules evaluated each second against windows and `for:` of seconds: alone
+@pytest.mark.serial
 def test_prometheus_scrapes_alerts_and_dashboard_queries(
     broker: EmbeddedBroker, topic: str, judge_server: JudgeServer, tmp_path: Path
 ) -> None:
@@ -36,7 +40,7 @@ def test_prometheus_scrapes_alerts_and_dashboard_queries(
     )
     with RunningConsumer(settings) as consumer:
         with running_prometheus(tmp_path, consumer.app.metrics_url) as base:
-            warm_up(provider, consumer, "spiky-bot", "honest-bot")
+            warm_up(provider, consumer, base, "spiky-bot", "honest-bot")
             play(provider, {f"spike-{i}": [(f"spike {i}", "INVENTED figure")] for i in range(40)}, agent="spiky-bot")
             play(provider, {f"calm-{i}": [(f"calm {i}", "I am not sure.")] for i in range(40)}, agent="honest-bot")
             play(provider, {f"flaky-{i}": [(f"flaky {i}", "ok")] for i in range(3)}, agent="flaky-bot")

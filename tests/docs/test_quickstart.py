@@ -94,6 +94,8 @@ def test_no_install_line_a_user_reads_asks_pypi_for_tracejudge() -> None:
     )
 
 
+# timing-sensitive: asserts how long it took, so it runs alone (tests/run_suite.py's serial phase)
+@pytest.mark.serial
 def test_the_readme_snippet_is_judged_at_once_not_after_the_idle_timeout(
     broker: EmbeddedBroker, judge_server: JudgeServer, tmp_path: Path
 ) -> None:
@@ -277,6 +279,8 @@ def terminals() -> Iterator[list[Terminal]]:
         terminal.close()
 
 
+# fixed ports 9092 and 9464 (the README's), a fresh clone and install: alone
+@pytest.mark.serial
 @pytest.mark.timeout(900)
 def test_readme_five_minute_path_in_a_fresh_clone(tmp_path: Path, terminals: list[Terminal]) -> None:
     for tool in ("git", "bash", "curl"):  # what the path assumes on the user's machine

@@ -154,6 +154,8 @@ async def test_auth_error_is_not_retried(judge_server: JudgeServer) -> None:
     assert result.error_kind == "auth" and len(judge_server.requests) == 1
 
 
+# timing-sensitive: asserts how long it took, so it runs alone (tests/run_suite.py's serial phase)
+@pytest.mark.serial
 async def test_hung_judge_times_out(judge_server: JudgeServer) -> None:
     judge_server.default = Reply(hang=True)
     started = time.perf_counter()
@@ -275,6 +277,8 @@ async def test_empty_conversation_is_an_error_without_a_call(judge_server: Judge
     assert result.error_kind == "empty_conversation" and not judge_server.requests
 
 
+# timing-sensitive: asserts how long it took, so it runs alone (tests/run_suite.py's serial phase)
+@pytest.mark.serial
 async def test_evaluate_conversations_order_concurrency_and_isolation(judge_server: JudgeServer) -> None:
     def respond(request: dict) -> Reply:
         text = conversation_text(request)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
+
 from tests.consumer.test_pipeline import Collect, scripted_judge
 from tests.support.judge_server import JudgeServer
 from tests.support.pipeline import RunningConsumer, consumer_settings, wait_for
@@ -13,6 +15,9 @@ from tracejudge.consumer.embedded_broker import EmbeddedBroker
 from tracejudge.tracer import end_conversation, setup_tracing, traced_agent
 from tracejudge.tracer._batch import BoundedBatchSpanProcessor
 from tracejudge.tracer.setup import exporter_stats
+
+# a 30 s outage the application must not stall through: runs alone (tests/run_suite.py's serial phase)
+pytestmark = pytest.mark.serial
 
 OUTAGE_S = 30.0
 QUEUE = 512

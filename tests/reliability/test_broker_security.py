@@ -24,7 +24,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
 from tests.consumer.test_pipeline import scripted_judge
 from tests.support.judge_server import JudgeServer
-from tests.support.pipeline import ROOT, consumer_process, play, read_records
+from tests.support.pipeline import HEARTBEAT_MS, ROOT, SESSION_MS, consumer_process, play, read_records
 from tracejudge.consumer.embedded_broker import EmbeddedBroker
 from tracejudge.tracer import KafkaSpanExporter
 
@@ -99,7 +99,11 @@ def test_the_exporter_consume_backfill_and_compare_connect_over_tls(
     play(provider, {"tls-1": [("is this encrypted?", "yes")]})
     assert exporter.stats.spans_dropped == 0 and exporter.stats.spans_exported > 0
 
-    env = {"TRACEJUDGE_KAFKA_CONFIG": kafka_config(options, session_timeout_ms="6000", heartbeat_interval_ms="1000")}
+    env = {
+        "TRACEJUDGE_KAFKA_CONFIG": kafka_config(
+            options, session_timeout_ms=str(SESSION_MS), heartbeat_interval_ms=str(HEARTBEAT_MS)
+        )
+    }
     process = consumer_process(tls_broker, topic, group, results, log=tmp_path / "consume.log", **env)
     try:
         records = read_records(tls_broker.bootstrap_servers, results, 1, timeout_s=120, **options)

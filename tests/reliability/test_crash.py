@@ -10,12 +10,16 @@ import time
 import uuid
 from collections import defaultdict
 
+import pytest
 from kafka import KafkaConsumer, TopicPartition
 
 from tests.consumer.test_pipeline import scripted_judge
 from tests.support.judge_server import JudgeServer, conversation_text
 from tests.support.pipeline import consumer_process, play, read_all, traced_app, wait_for
 from tracejudge.consumer.embedded_broker import EmbeddedBroker
+
+# kill -9 at moments drawn while 2,000 conversations flow: runs alone (tests/run_suite.py's serial phase)
+pytestmark = pytest.mark.serial
 
 CONVERSATIONS = 2_000
 KILLS = 5

@@ -10,6 +10,8 @@ import threading
 import time
 from collections import defaultdict
 
+import pytest
+
 from tests.consumer.test_pipeline import Collect
 from tests.support.judge_server import FAULTS, JudgeServer, Reply, conversation_text, fault_reply
 from tests.support.pipeline import RunningConsumer, consumer_settings, play, traced_app, wait_for
@@ -46,6 +48,8 @@ class FaultyJudge:
         return Reply(content=json.dumps({"verdict": label, "evidence": [], "reason": "ok"}))
 
 
+# timing-sensitive: asserts how long it took, so it runs alone (tests/run_suite.py's serial phase)
+@pytest.mark.serial
 def test_judge_faults_are_counted_never_scored(broker: EmbeddedBroker, topic: str, judge_server: JudgeServer) -> None:
     faulty = FaultyJudge()
     judge_server.responder = faulty

@@ -6,9 +6,11 @@ from __future__ import annotations
 import json
 import random
 import time
+from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kafka import KafkaProducer
@@ -63,6 +65,18 @@ any_value = st.one_of(
 
 
 _INGEST: dict[str, Any] = {}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _ingest_closed() -> Iterator[None]:
+    """The module's one ingest path (shared by the property tests) is opened and closed with the module: its
+    producer's thread does not outlive the tests that used it."""
+    ingest()
+    yield
+    assembler = _INGEST.pop("assembler", None)
+    _INGEST.clear()
+    if assembler is not None:
+        assembler.collector.producer.close(timeout=5)
 
 
 def ingest() -> tuple[Assembler, Task]:

@@ -23,6 +23,9 @@ from tests.support.judge_server import JudgeServer
 from tests.support.pipeline import wait_for
 from tracejudge.consumer.embedded_broker import EmbeddedBroker
 
+# handover timings against the session timeout: runs alone (tests/run_suite.py's serial phase)
+pytestmark = pytest.mark.serial
+
 SESSION_S = 20.0
 _SLOW_SESSION = {"TRACEJUDGE_KAFKA_CONFIG": f"session_timeout_ms={int(SESSION_S * 1000)},heartbeat_interval_ms=1000"}
 _MOVES = re.compile(r"tracejudge\.consumer\.streams: partitions (assigned|revoked|lost): \[([\d, ]*)\]")

@@ -26,6 +26,9 @@ from tests.support.pipeline import consumer_process, read_all, traced_app, wait_
 from tracejudge.consumer.embedded_broker import EmbeddedBroker
 from tracejudge.tracer import end_conversation, traced_agent
 
+# replicas joining, stopping and dying on a timed schedule: runs alone (tests/run_suite.py's serial phase)
+pytestmark = pytest.mark.serial
+
 CONVERSATIONS = 240
 TURNS = 3
 WAVES = 8

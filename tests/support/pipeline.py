@@ -25,6 +25,12 @@ from tracejudge.consumer.settings import Settings
 from tracejudge.tracer import end_conversation, setup_tracing, traced_agent
 
 ROOT = Path(__file__).resolve().parents[2]
+# The group session the tests' consumers use where the group join is not what a test tests. The embedded broker holds a
+# forming group's JoinGroup for about half the session timeout (never under ~1 s): 2 s sessions join in ~1.1 s, the
+# 6 s that tests used before took ~3.1 s a join, twice per consumer (input and judge queue). Heartbeats every 0.5 s
+# keep a member alive through 1.5 s of a busy machine.
+SESSION_MS, HEARTBEAT_MS = 2000, 500
+KAFKA_SESSION = {"session_timeout_ms": SESSION_MS, "heartbeat_interval_ms": HEARTBEAT_MS}
 
 
 def consumer_settings(bootstrap: str, topic: str, **overrides: Any) -> Settings:
@@ -39,7 +45,7 @@ def consumer_settings(bootstrap: str, topic: str, **overrides: Any) -> Settings:
         "metrics_port": 0,
         "judge_timeout": 10.0,
         "commit_interval": 0.5,
-        "kafka_config": {"session_timeout_ms": 6000, "heartbeat_interval_ms": 1000},
+        "kafka_config": dict(KAFKA_SESSION),
         "shutdown_grace": 10.0,
         # A failure that can pass fails at once here, as before the durable retries (issue 33), so these tests see
         # the outcome they count; tests/reliability/test_judge_retries.py proves the retries with real processes.
@@ -88,10 +94,17 @@ def wait_for(condition: Callable[[], bool], timeout: float = 60.0, what: str = "
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
+# Every traced app a test made, shut down after the test by conftest's `_traced_apps_shut_down` (a provider's batch
+# processor and Kafka exporter each hold a thread until then).
+TRACED_APPS: list[TracerProvider] = []
+
+
 def traced_app(bootstrap: str, topic: str) -> TracerProvider:
-    return setup_tracing(
+    provider = setup_tracing(
         "test-app", kafka_bootstrap_servers=bootstrap, topic=topic, set_global=False, schedule_delay_millis=50
     )
+    TRACED_APPS.append(provider)
+    return provider
 
 
 def play(
@@ -133,7 +146,7 @@ def consumer_process(
         "TRACEJUDGE_METRICS_PORT": "0",
         "TRACEJUDGE_COMMIT_INTERVAL": "0.3",
         "TRACEJUDGE_JUDGE_TIMEOUT": "20",
-        "TRACEJUDGE_KAFKA_CONFIG": "session_timeout_ms=6000,heartbeat_interval_ms=1000",
+        "TRACEJUDGE_KAFKA_CONFIG": f"session_timeout_ms={SESSION_MS},heartbeat_interval_ms={HEARTBEAT_MS}",
         "PYTHONPATH": str(ROOT),
         **env,
     }
@@ -152,19 +165,22 @@ def result_records(broker: EmbeddedBroker, results: str, expected: int, timeout_
 
 
 def read_records(bootstrap: str, topic: str, expected: int, timeout_s: float = 20.0, **config: Any) -> list:
-    consumer = KafkaConsumer(
-        topic,
-        bootstrap_servers=bootstrap,
-        group_id=f"reader-{uuid.uuid4().hex[:6]}",
-        auto_offset_reset="earliest",
-        enable_auto_commit=False,
-        session_timeout_ms=6000,
-        heartbeat_interval_ms=1000,
-        **config,
-    )
+    """The topic's first `expected` records (fewer if the deadline passes first), read from the beginning by manual
+    assignment: no group, so no join to wait for; a topic not created yet is looked for again until it is."""
+    from kafka import TopicPartition
+
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, **config)
     records: list = []
     deadline = time.monotonic() + timeout_s
     try:
+        while not consumer.assignment() and time.monotonic() < deadline:
+            partitions = consumer.partitions_for_topic(topic)
+            if partitions:
+                assigned = [TopicPartition(topic, p) for p in sorted(partitions)]
+                consumer.assign(assigned)
+                consumer.seek_to_beginning(*assigned)
+            else:
+                time.sleep(0.1)  # polled: each partitions_for_topic of a missing topic asks the broker again
         while len(records) < expected and time.monotonic() < deadline:
             for batch in consumer.poll(timeout_ms=500).values():
                 records.extend(batch)

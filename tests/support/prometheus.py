@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -93,10 +92,16 @@ def running_prometheus(
         yield f"http://{address}"
 
 
-def warm_up(provider: TracerProvider, consumer: RunningConsumer, *agents: str) -> None:
-    """One conversation of each agent judged and scraped before its burst, so its counters exist at their starting
-    values (a rate sees an increase only from a first sample on)."""
+def warm_up(provider: TracerProvider, consumer: RunningConsumer, prometheus: str, *agents: str) -> None:
+    """One conversation of each agent judged and scraped by `prometheus` (its base URL) before its burst, so its
+    counters exist there at their starting values (a rate sees an increase only from a first sample on)."""
     for agent in agents:
         play(provider, {f"warm-{agent}": [("hello", "hi")]}, agent=agent)
     wait_for(lambda: consumer.sessions("judged") == len(agents), what="warm-up judged")
-    time.sleep(3)
+
+    def scraped() -> bool:
+        query = 'count by (agent) (tracejudge_verdicts_total{metric="failure_rate"})'
+        found = {r["metric"].get("agent") for r in api(prometheus, "/api/v1/query", query=query)["result"]}
+        return set(agents) <= found
+
+    wait_for(scraped, timeout=60, what="the warm-up verdicts scraped by Prometheus")

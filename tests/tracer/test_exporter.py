@@ -89,6 +89,8 @@ def test_broker_down_never_raises_and_counts_drops() -> None:
     assert exporter.force_flush() is True
 
 
+# timing-sensitive: asserts how long it took, so it runs alone (tests/run_suite.py's serial phase)
+@pytest.mark.serial
 def test_application_unaffected_when_broker_is_down() -> None:
     """The app's thread never touches the network; the bounded queue drops and counts the overflow."""
     provider = setup_tracing(
