@@ -192,6 +192,12 @@ def main(argv: list[str] | None = None) -> int:
     report = write_durations(durations, phases)
     print()
     checks_ok = True if checks is None else checks.report()
+    if checks is not None:
+        ran = len(checks.results)
+        total.failed += sum(not result.ok for result in checks.results) + (len(CHECKS) - ran)
+        if ran != len(CHECKS):
+            checks_ok = False
+            print(f"checks: only {ran} of {len(CHECKS)} ran (the checks thread failed)")
     print(f"durations of every test: {report.relative_to(ROOT)}; wall time {phases['total']:.0f} s")
     print(f"suite: {total.passed} passed, {total.failed} failed, {total.skipped} skipped")
     return 0 if checks_ok and not any(statuses) else 1

@@ -187,6 +187,8 @@ def test_every_loader_gives_the_table_the_old_one_gave(
         assert got["completed"] and sorted(got["completed"]) == sorted(expected["completed"])
 
 
+# reads the process's collector state, which earlier tests on the same worker change: alone
+@pytest.mark.serial
 def test_garbage_made_during_a_restore_is_left_to_the_young_collections(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import pytest
 from kafka import KafkaProducer
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.resources import Resource
@@ -33,6 +34,9 @@ from tests.support.otlp_receiver import OtlpReceiver, attributes
 from tests.support.pipeline import consumer_process, read_all, traced_app, wait_for
 from tracejudge.consumer.embedded_broker import EmbeddedBroker
 from tracejudge.tracer import conversation, end_conversation, traced_agent
+
+# three replicas joining, restarting and dying while conversations flow: alone (tests/run_suite.py)
+pytestmark = pytest.mark.serial
 
 _QUESTION = re.compile(r"win (\S+) q(\d+)")
 _METRICS_AT = re.compile(r"metrics at (http://\S+/metrics)")

@@ -146,7 +146,9 @@ def consumer_process(
         "TRACEJUDGE_METRICS_PORT": "0",
         "TRACEJUDGE_COMMIT_INTERVAL": "0.3",
         "TRACEJUDGE_JUDGE_TIMEOUT": "20",
-        "TRACEJUDGE_KAFKA_CONFIG": f"session_timeout_ms={SESSION_MS},heartbeat_interval_ms={HEARTBEAT_MS}",
+        # 6 s, not SESSION_MS: several replicas of these processes (each importing LiteLLM) share two cores with the
+        # other tests; a 2 s session evicted a member mid-test under that load
+        "TRACEJUDGE_KAFKA_CONFIG": "session_timeout_ms=6000,heartbeat_interval_ms=1000",
         "PYTHONPATH": str(ROOT),
         **env,
     }
