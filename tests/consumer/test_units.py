@@ -139,6 +139,8 @@ def test_idleness_is_decided_by_the_clock_passed_in_not_by_when_expiry_runs() ->
     assert table.take_dispatches() == []
 
 
+# timing-sensitive: asserts how long it took, so it runs alone (tests/run_suite.py's serial phase)
+@pytest.mark.serial
 def test_judge_pool_stop_drains_cancels_and_closes_its_loop() -> None:
     """stop(): judgements done within the grace period finish, the rest are cancelled; the loop closed, thread gone."""
     import asyncio

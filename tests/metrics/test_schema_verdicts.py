@@ -297,6 +297,8 @@ async def test_schema_cuts_corrective_retries_on_the_fault_corpus(judge_server: 
     assert text > 0.05  # the corpus does contain answers that break the rules
 
 
+# timing-sensitive: asserts how long it took, so it runs alone (tests/run_suite.py's serial phase)
+@pytest.mark.serial
 def test_waiting_for_a_probe_is_bounded() -> None:
     """Without a bound a caller waits for the prober; with one it goes ahead (not as the prober) once it is spent."""
 

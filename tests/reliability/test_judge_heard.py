@@ -114,6 +114,8 @@ def test_stuck_redactor_is_a_counted_failure_and_the_pool_keeps_judging(
     )
 
 
+# timing-sensitive: asserts how long it took, so it runs alone (tests/run_suite.py's serial phase)
+@pytest.mark.serial
 def test_redactor_deadline_without_a_consumer() -> None:
     """The metric alone: a redactor stuck past `prepare_timeout` is a failure with the reason, in about the deadline;
     the event loop meanwhile runs other work (here a ticker) at its normal pace."""
