@@ -41,7 +41,7 @@ def construct_client(factory: Any, **config: Any) -> Any:
     kafka-python 3.0 starts a client's IO thread in the constructor, then bootstraps; when no broker answers the
     constructor raises and the started thread runs on, with no object to close (a process retrying through an outage
     gained one thread and its sockets per try). The client the constructor made is kept here and closed on failure.
-    A constructor that makes no client through `kafka_client` (another library, a fake) is called as it is."""
+    `factory` must take kafka-python's `kafka_client` option (KafkaConsumer and KafkaProducer do)."""
     base: Any = config.get("kafka_client")
     if base is None:
         try:
