@@ -29,8 +29,16 @@ PROCESS_LIFETIME_THREADS = (
 LEAK_GRACE_S = 10.0
 
 
+def _state(pid: int) -> str | None:
+    """A process's state letter from /proc (Z: a zombie, ended with only its exit status left), None once gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return None
+
+
 def running_children() -> dict[int, str]:
-    """This process's children still running (a zombie has ended: only its exit status is left), pid -> command."""
+    """This process's children still running, pid -> command."""
     children: dict[int, str] = {}
     for task in Path(f"/proc/{os.getpid()}/task").glob("*/children"):
         try:
@@ -39,21 +47,12 @@ def running_children() -> dict[int, str]:
             continue
         for pid in pids:
             try:
-                stat = Path(f"/proc/{pid}/stat").read_text()
                 command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
             except OSError:
                 continue
-            if stat.rsplit(")", 1)[1].split()[0] != "Z":
+            if _state(pid) not in (None, "Z"):
                 children[pid] = command.strip()[:120]
     return children
-
-
-def _ended(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return True
-    return state == "Z"
 
 
 @pytest.fixture(autouse=True)
@@ -77,7 +76,7 @@ def _closes_what_it_starts(request: pytest.FixtureRequest) -> Iterator[None]:
     children = {pid: command for pid, command in running_children().items() if pid not in children_before}
     while children and time.monotonic() < deadline:
         time.sleep(0.05)  # polling a process's end: /proc has no wait for a process another object may reap
-        children = {pid: command for pid, command in children.items() if not _ended(pid)}
+        children = {pid: command for pid, command in children.items() if _state(pid) not in (None, "Z")}
     left = [f"thread {thread.name!r}" for thread in threads if thread.is_alive()]
     left += [f"process {pid} ({command})" for pid, command in children.items()]
     if left:

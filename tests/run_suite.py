@@ -107,22 +107,21 @@ class Counts:
 
 
 def read_junit(path: Path) -> tuple[Counts, dict[str, float]]:
-    """Counts and each test's time (setup, call and teardown) from a JUnit XML report."""
-    counts, durations = Counts(), {}
-    if not path.exists():
-        return counts, durations
-    for case in ElementTree.parse(path).getroot().iter("testcase"):
-        module = (case.get("classname") or "").replace(".", "/")
-        name = f"{module}.py::{case.get('name')}"
-        durations[name] = durations.get(name, 0.0) + float(case.get("time") or 0.0)
-        outcomes = {child.tag for child in case}
-        if outcomes & {"failure", "error"}:
-            counts.failed += 1
-        elif "skipped" in outcomes:
-            counts.skipped += 1
-        else:
-            counts.passed += 1
-    return counts, durations
+    """Counts and each test's time (setup, call and teardown) from a JUnit XML report; a test that failed in its call
+    and again in its teardown has two entries there and counts once."""
+    outcomes: dict[str, str] = {}
+    durations: dict[str, float] = {}
+    if path.exists():
+        for case in ElementTree.parse(path).getroot().iter("testcase"):
+            module = (case.get("classname") or "").replace(".", "/")
+            name = f"{module}.py::{case.get('name')}"
+            durations[name] = durations.get(name, 0.0) + float(case.get("time") or 0.0)
+            tags = {child.tag for child in case}
+            outcome = "failed" if tags & {"failure", "error"} else "skipped" if "skipped" in tags else "passed"
+            if outcomes.get(name) != "failed":
+                outcomes[name] = outcome
+    values = list(outcomes.values())
+    return Counts(values.count("passed"), values.count("failed"), values.count("skipped")), durations
 
 
 def run_phase(name: str, selection: list[str], extra: list[str]) -> tuple[int, Counts, dict[str, float], float]:
