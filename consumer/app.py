@@ -28,9 +28,9 @@ from tracejudge.metrics.tiers import FLEX_MIN_TIMEOUT_S, TIER_BATCH, TIER_FLEX, 
 from tracejudge.metrics.transcript import Redactor
 
 from ._errors import EXIT_USAGE
-from .delivery import JudgementSink
 from .emit import KafkaWriter
 from .emit.acknowledged import AcknowledgingExporter
+from .emit.delivery import JudgementSink
 from .emit.notify import DeliveredIds, NotificationInstruments, Notifier
 from .emit.otel import OUTPUT as OTLP_OUTPUT
 from .emit.otel import CountedLogExporter, CountedSpanExporter, EvaluationEmitter
@@ -148,7 +148,7 @@ def canary_items(settings: Settings) -> list[Any]:
     """With --canary-interval: the canary's labelled conversations (DatasetError for a bad --canary-dataset)."""
     if settings.canary_interval is None:
         return []
-    from .canary import load_canary_items
+    from .judging.canary import load_canary_items
 
     return load_canary_items(settings.canary_dataset)
 

@@ -24,16 +24,16 @@ from tracejudge.metrics.tiers import TIER_BATCH
 
 from ._errors import EXIT_UNAVAILABLE, KafkaUnreachable, StartupError
 from ._logging import quiet_kafka_connections
-from .delivery import Delivery, JudgementSink
+from .emit.delivery import Delivery, JudgementSink
 from .emit.prometheus import ConsumerInstruments, family_total
-from .feedback import FeedbackJoiner
-from .judgement import OUTCOMES
-from .pool import JudgePool
-from .retries import RetryPolicy
+from .judging.feedback import FeedbackJoiner
+from .judging.judgement import OUTCOMES
+from .judging.pool import JudgePool
+from .judging.retries import RetryPolicy
 
 if TYPE_CHECKING:
-    from .canary import Canary
-from .sampling import Sampler
+    from .judging.canary import Canary
+from .judging.sampling import Sampler
 from .settings import RECONNECT_BACKOFF_MAX_MS, Settings
 from .streams.assembler import Assembler
 from .streams.batch_store import KafkaBatchStore, batches_topic_spec
@@ -297,7 +297,7 @@ class ConsumerService:
         settings = self.settings
         if settings.canary_interval is None or not self.canary_items:
             return
-        from .canary import BATCH_RUN_TIMEOUT_S, RUN_TIMEOUT_S, Canary, calibration_accuracies
+        from .judging.canary import BATCH_RUN_TIMEOUT_S, RUN_TIMEOUT_S, Canary, calibration_accuracies
 
         floors = calibration_accuracies(settings.calibration)
         if settings.canary_accuracy_floor is not None:

@@ -73,7 +73,7 @@ def test_planted_violations_are_caught(tmp_path: Path) -> None:
             "def f() -> None:\n    from tracejudge.consumer.cli import options  # noqa: F401\n"
         ),
         "consumer/conversation/planted_kafka.py": "def f() -> None:\n    import kafka  # noqa: F401\n",
-        "consumer/emit/planted_pool.py": "def f() -> None:\n    from tracejudge.consumer import pool  # noqa: F401\n",
+        "consumer/emit/planted_pool.py": "def f() -> None:\n    from tracejudge.consumer.judging import pool  # noqa: F401\n",
         "consumer/streams/planted_up.py": (
             "def f() -> None:\n    from tracejudge.consumer import service  # noqa: F401\n"
         ),
@@ -92,7 +92,7 @@ def test_planted_violations_are_caught(tmp_path: Path) -> None:
     assert "tracejudge.consumer.streams.planted_up -> tracejudge.consumer.service" in report
     assert "tracejudge.consumer.streams.task -> tracejudge.consumer.streams.assembler" in report
     assert "tracejudge._shared._planted -> tracejudge.tracer.setup" in report
-    assert "tracejudge.consumer.emit.planted_pool -> tracejudge.consumer.pool" in report
+    assert "tracejudge.consumer.emit.planted_pool -> tracejudge.consumer.judging.pool" in report
     assert "tracejudge.tracer._planted -> tracejudge.consumer.cli" in report
     assert "tracejudge.consumer.planted_command -> tracejudge.consumer.cli.options" in report
     assert "tracejudge.consumer._planted -> tracejudge.metrics._backends" in report

@@ -27,10 +27,10 @@ from typing import TYPE_CHECKING, Any
 
 from .._gc import collect_less
 from ..conversation.job import JudgeJob
-from ..delivery import Delivery
-from ..judgement import OUTCOME_JUDGED, OUTCOME_SAMPLED_OUT, OUTCOME_SKIPPED_BUDGET, Judgement
-from ..pool import JudgePool
-from ..results import result_id
+from ..emit.delivery import Delivery
+from ..judging.judgement import OUTCOME_JUDGED, OUTCOME_SAMPLED_OUT, OUTCOME_SKIPPED_BUDGET, Judgement
+from ..judging.pool import JudgePool
+from ..judging.results import result_id
 from .options import EXIT_USAGE, NOTIFY_OPTIONS, WATCH_OPTIONS, add_consumer_flags, field_help, settings_from_args
 
 if TYPE_CHECKING:  # it imports kafka: loaded when a backfill runs, not by every command's parser
@@ -300,7 +300,7 @@ def read_range(
 
 def _selector(namespace: argparse.Namespace, settings: Any, existing: set[str], report: BackfillReport) -> Any:
     """Which complete conversations backfill judges; the others go out as sampled out (counted by reason)."""
-    from ..sampling import Sampler
+    from ..judging.sampling import Sampler
 
     rate = namespace.backfill_sample_rate if namespace.backfill_sample_rate is not None else settings.sample_rate
     sampler = Sampler(rate, settings.agent_sample_rates)

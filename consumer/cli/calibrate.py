@@ -31,7 +31,7 @@ from tracejudge.metrics.calibration import (
     confusion_matrix,
 )
 
-from ..gold import (  # the dataset format lives in gold.py (the consumer's canary reads it too); names kept here
+from ..judging.gold import (  # the dataset format lives in gold.py (the canary reads it too); names kept here
     KAPPA_WEIGHTING,
     LABELS,
     Dataset,

@@ -19,7 +19,7 @@ from typing import Any
 
 from tracejudge.metrics.calibration import cohen_kappa, confusion_matrix, proportion_interval
 
-from ..gold import KAPPA_WEIGHTING, LABELS
+from ..judging.gold import KAPPA_WEIGHTING, LABELS
 
 EXIT_OK, EXIT_BELOW, EXIT_USAGE = 0, 1, 2
 EXIT_INTERRUPTED = 130  # Ctrl-C: 128 + SIGINT, as a shell reports it

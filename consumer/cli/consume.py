@@ -37,8 +37,8 @@ def canary_refused(settings: Any) -> bool:
     """A --canary-dataset that cannot be read or parsed: one line on stderr, True (before any I/O)."""
     if settings.canary_interval is None:
         return False
-    from ..canary import load_canary_items
-    from ..gold import DatasetError
+    from ..judging.canary import load_canary_items
+    from ..judging.gold import DatasetError
 
     try:
         load_canary_items(settings.canary_dataset)

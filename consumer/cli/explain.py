@@ -106,7 +106,7 @@ def read_story(settings: Any, conversation_id: str) -> tuple[list[Any], list[dic
 
 def build_story(conversation_id: str, states: list[Any], results: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The story as a dict; None when Kafka holds nothing of the conversation."""
-    from ..sampling import sample_point
+    from ..judging.sampling import sample_point
     from ..streams import records as R
 
     if not states and not results:

@@ -21,7 +21,7 @@ from os.path import relpath
 from pathlib import Path
 from typing import Any
 
-from ..gold import LABELS
+from ..judging.gold import LABELS
 from .compare import COMPARE_OPTIONS
 
 EXIT_OK, EXIT_USAGE = 0, 2

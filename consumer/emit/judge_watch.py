@@ -15,7 +15,9 @@ from prometheus_client.registry import Collector
 
 from tracejudge.metrics import MetricResult
 
-PURPOSE_LIVE, PURPOSE_CANARY, PURPOSE_SHADOW = "live", "canary", "shadow"
+from ..judging.judgement import PURPOSE_CANARY, PURPOSE_LIVE, PURPOSE_SHADOW
+
+__all__ = ["PURPOSE_CANARY", "PURPOSE_LIVE", "PURPOSE_SHADOW", "CanaryInstruments", "ShadowInstruments"]
 
 
 class CanaryInstruments:

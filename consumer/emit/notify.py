@@ -51,8 +51,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from tracejudge._shared.rate_limited_log import RateLimitedLog
 
-from ..judgement import Judgement
-from ..results import result_record
+from ..judging.judgement import Judgement
+from ..judging.results import result_record
 from ..topic_reader import partitions_for, records_to_end, stall_bound_s
 
 logger = logging.getLogger("tracejudge.consumer.notify")

@@ -27,8 +27,8 @@ from tracejudge._shared.rate_limited_log import RateLimitedLog
 from tracejudge.metrics import MetricResult
 from tracejudge.tracer.semconv import ERROR_TYPE, GEN_AI_AGENT_NAME, GEN_AI_CONVERSATION_ID
 
-from ..judgement import OUTCOME_RETRYING, Judgement
-from ..results import result_id
+from ..judging.judgement import OUTCOME_RETRYING, Judgement
+from ..judging.results import result_id
 from .acknowledged import Ticket, ticket_for
 
 EVALUATION_EVENT = "gen_ai.evaluation.result"

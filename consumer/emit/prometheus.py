@@ -18,8 +18,8 @@ from tracejudge.metrics.calibration import HallucinationCalibration, corrected_r
 from tracejudge.metrics.conversational_flow import CONVERSATIONAL_FLOW_WEIGHTS
 from tracejudge.metrics.failure_rate import FAILURE_RATE_WEIGHTS
 
-from ..feedback import Agreement
-from ..judgement import OUTCOME_RETRYING, OUTCOME_SAMPLED_OUT, OUTCOMES, Judgement
+from ..judging.feedback import Agreement
+from ..judging.judgement import OUTCOME_RETRYING, OUTCOME_SAMPLED_OUT, OUTCOMES, Judgement
 from .judge_watch import PURPOSE_LIVE, PURPOSE_SHADOW, CanaryInstruments, ShadowInstruments
 from .notify import NotificationInstruments
 

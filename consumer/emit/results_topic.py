@@ -8,8 +8,8 @@ import json
 import threading
 from collections.abc import Sequence
 
-from ..judgement import OUTCOME_SAMPLED_OUT, OUTCOME_SKIPPED_BUDGET, Judgement
-from ..results import outcome_records, result_record
+from ..judging.judgement import OUTCOME_SAMPLED_OUT, OUTCOME_SKIPPED_BUDGET, Judgement
+from ..judging.results import outcome_records, result_record
 from ._kafka_writer import KafkaWriter
 
 _ENCODER = json.JSONEncoder(ensure_ascii=False)  # json.dumps(record, ensure_ascii=False) without a new encoder each

@@ -34,13 +34,13 @@ from tracejudge._shared.rate_limited_log import RateLimitedLog
 
 from ..adapters import Feedback
 from ..conversation.job import JudgeJob
-from ..delivery import Delivery
+from ..emit.delivery import Delivery
 from ..emit.prometheus import ConsumerInstruments
-from ..feedback import FeedbackJoiner
-from ..judgement import OUTCOME_JUDGED, OUTCOME_SAMPLED_OUT, Judgement
+from ..judging.feedback import FeedbackJoiner
+from ..judging.judgement import OUTCOME_JUDGED, OUTCOME_SAMPLED_OUT, Judgement
+from ..judging.pool import JudgePool
+from ..judging.retries import iso, retry_from_json, retry_to_json
 from ..offsets import OffsetTracker
-from ..pool import JudgePool
-from ..retries import iso, retry_from_json, retry_to_json
 from ..settings import Settings
 from . import records as R
 from .instruments import StreamsInstruments

@@ -22,7 +22,7 @@ from ..conversation.job import MAX_FIELD_CHARS, JudgeJob
 from ..conversation.reading import read_events
 from ..conversation.textless import TextlessSpans
 from ..emit.prometheus import ConsumerInstruments
-from ..judgement import OUTCOME_SAMPLED_OUT
+from ..judging.judgement import OUTCOME_SAMPLED_OUT
 from . import records as R
 from .clock import record_time
 from .instruments import StreamsInstruments

@@ -19,9 +19,9 @@ import yaml
 from tests.conftest import require_binary
 from tests.support.judge_server import JudgeServer, Reply, conversation_text
 from tests.support.pipeline import RunningConsumer, consumer_settings, read_all, wait_for
-from tracejudge.consumer.canary import PER_LABEL, default_items, load_canary_items
 from tracejudge.consumer.embedded_broker import EmbeddedBroker
 from tracejudge.consumer.emit.prometheus import family_total
+from tracejudge.consumer.judging.canary import PER_LABEL, default_items, load_canary_items
 from tracejudge.consumer.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -224,9 +224,9 @@ def test_canary_respects_the_budget_and_takes_its_floor_from_the_calibration_rep
     """Canary calls pass the pool's budget like live calls: past it they are refused and counted, never judged."""
     from prometheus_client import CollectorRegistry
 
-    from tracejudge.consumer.canary import Canary, calibration_accuracies
     from tracejudge.consumer.emit.prometheus import ConsumerInstruments
-    from tracejudge.consumer.pool import JudgePool
+    from tracejudge.consumer.judging.canary import Canary, calibration_accuracies
+    from tracejudge.consumer.judging.pool import JudgePool
     from tracejudge.metrics import FailureRateMetric
 
     judge_server.responder = GoldJudge()
@@ -284,9 +284,9 @@ def test_a_user_canary_set_and_a_replica_that_stops_owning_the_canary(
     reports), its counters stay."""
     from prometheus_client import CollectorRegistry
 
-    from tracejudge.consumer.canary import Canary
     from tracejudge.consumer.emit.prometheus import ConsumerInstruments
-    from tracejudge.consumer.pool import JudgePool
+    from tracejudge.consumer.judging.canary import Canary
+    from tracejudge.consumer.judging.pool import JudgePool
     from tracejudge.metrics import FailureRateMetric
 
     gold = GoldJudge()

@@ -17,7 +17,7 @@ import pytest
 from tests.support.judge_server import JudgeServer, Reply, conversation_text, verdict
 from tests.support.pipeline import ROOT, consumer_process, play, read_all, traced_app, wait_for
 from tracejudge.consumer.embedded_broker import EmbeddedBroker
-from tracejudge.consumer.sampling import sample_point
+from tracejudge.consumer.judging.sampling import sample_point
 
 
 def respond(request: dict[str, Any]) -> Reply:

@@ -13,7 +13,7 @@ import pytest
 from tests.consumer.test_review_state import FakeProducer, assembler
 from tracejudge.consumer.adapters import ConversationEvent, Feedback, Turn
 from tracejudge.consumer.conversation.table import ConversationTable
-from tracejudge.consumer.sampling import Sampler
+from tracejudge.consumer.judging.sampling import Sampler
 from tracejudge.consumer.streams import records as R
 from tracejudge.consumer.streams.task import Task
 

@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry
 from tracejudge.consumer.adapters import Turn
 from tracejudge.consumer.conversation.job import JudgeJob
 from tracejudge.consumer.emit.prometheus import ConsumerInstruments
-from tracejudge.consumer.judgement import OUTCOME_FAILED, OUTCOME_JUDGED, Judgement
+from tracejudge.consumer.judging.judgement import OUTCOME_FAILED, OUTCOME_JUDGED, Judgement
 from tracejudge.consumer.settings import Settings
 from tracejudge.consumer.streams import records as R
 from tracejudge.consumer.streams.instruments import StreamsInstruments
@@ -135,7 +135,7 @@ def test_a_batch_tier_pool_abandons_a_revoked_partitions_judgements_and_keeps_th
     import threading
     import time
 
-    from tracejudge.consumer.pool import JudgePool
+    from tracejudge.consumer.judging.pool import JudgePool
     from tracejudge.metrics import FailureRateMetric
     from tracejudge.metrics._backends import JudgeBackend
     from tracejudge.metrics._client import JudgeReply

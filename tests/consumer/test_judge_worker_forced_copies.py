@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from tests.consumer.test_judge_worker_duplicates import Record, job_record, worker
-from tracejudge.consumer.judgement import OUTCOME_SKIPPED_BUDGET, Judgement
+from tracejudge.consumer.judging.judgement import OUTCOME_SKIPPED_BUDGET, Judgement
 from tracejudge.consumer.streams import records as R
 
 

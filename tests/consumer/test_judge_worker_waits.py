@@ -12,9 +12,9 @@ from tests.consumer.test_judge_worker_duplicates import Pool as DuplicatesPool
 from tests.consumer.test_judge_worker_duplicates import Producer
 from tracejudge.consumer.adapters import Turn
 from tracejudge.consumer.conversation.job import JudgeJob
-from tracejudge.consumer.delivery import Delivery
+from tracejudge.consumer.emit.delivery import Delivery
 from tracejudge.consumer.emit.prometheus import ConsumerInstruments
-from tracejudge.consumer.judgement import OUTCOME_SAMPLED_OUT, Judgement
+from tracejudge.consumer.judging.judgement import OUTCOME_SAMPLED_OUT, Judgement
 from tracejudge.consumer.settings import Settings
 from tracejudge.consumer.streams.instruments import StreamsInstruments
 from tracejudge.consumer.streams.judge_worker import POLL_S, JudgeWorker

@@ -17,7 +17,7 @@ from tracejudge.consumer.adapters import Turn
 from tracejudge.consumer.cli.export import Selection, select
 from tracejudge.consumer.conversation.job import JudgeJob
 from tracejudge.consumer.emit.notify import NotificationInstruments, Notifier, Rule, signature, verify
-from tracejudge.consumer.judgement import OUTCOME_JUDGED, Judgement
+from tracejudge.consumer.judging.judgement import OUTCOME_JUDGED, Judgement
 from tracejudge.metrics import MetricResult
 
 

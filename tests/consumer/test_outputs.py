@@ -16,8 +16,8 @@ from tracejudge.consumer.conversation.identity import content_id
 from tracejudge.consumer.conversation.job import JudgeJob
 from tracejudge.consumer.embedded_broker import EmbeddedBroker
 from tracejudge.consumer.emit.prometheus import ConsumerInstruments
-from tracejudge.consumer.judgement import Judgement
-from tracejudge.consumer.results import result_id
+from tracejudge.consumer.judging.judgement import Judgement
+from tracejudge.consumer.judging.results import result_id
 from tracejudge.metrics import MetricResult
 
 

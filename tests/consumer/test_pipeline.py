@@ -12,7 +12,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from tests.support.judge_server import JudgeServer, Reply, conversation_text, metric_of
 from tests.support.pipeline import RunningConsumer, consumer_settings, play, traced_app, wait_for
 from tracejudge.consumer.embedded_broker import EmbeddedBroker
-from tracejudge.consumer.judgement import Judgement
+from tracejudge.consumer.judging.judgement import Judgement
 from tracejudge.tracer import traced_agent
 
 

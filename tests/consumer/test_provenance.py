@@ -20,7 +20,7 @@ from tracejudge.consumer.app import build_app
 from tracejudge.consumer.conversation.job import JudgeJob
 from tracejudge.consumer.embedded_broker import EmbeddedBroker
 from tracejudge.consumer.emit.prometheus import ConsumerInstruments, trace_exemplar
-from tracejudge.consumer.judgement import Judgement
+from tracejudge.consumer.judging.judgement import Judgement
 from tracejudge.consumer.service import ConsumerService
 from tracejudge.metrics import ConversationalFlowRateMetric, CustomLLMClient, FailureRateMetric, MetricResult
 

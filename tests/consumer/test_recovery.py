@@ -23,7 +23,7 @@ from tests.support.pipeline import (
     wait_for,
 )
 from tracejudge.consumer.embedded_broker import EmbeddedBroker
-from tracejudge.consumer.sampling import sample_point
+from tracejudge.consumer.judging.sampling import sample_point
 from tracejudge.consumer.streams.partitioner import state_partition
 
 ROOT = Path(__file__).resolve().parents[2]

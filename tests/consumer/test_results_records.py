@@ -11,7 +11,7 @@ import pytest
 from tracejudge.consumer.adapters import Turn
 from tracejudge.consumer.conversation.job import JudgeJob
 from tracejudge.consumer.emit.results_topic import ResultsTopic
-from tracejudge.consumer.judgement import (
+from tracejudge.consumer.judging.judgement import (
     OUTCOME_FAILED,
     OUTCOME_RETRYING,
     OUTCOME_SAMPLED_OUT,
@@ -19,7 +19,7 @@ from tracejudge.consumer.judgement import (
     Judgement,
     Retry,
 )
-from tracejudge.consumer.results import outcome_record, outcome_records
+from tracejudge.consumer.judging.results import outcome_record, outcome_records
 
 METRICS = ["failure_rate", "conversational_flow", "custom"]
 

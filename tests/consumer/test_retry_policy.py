@@ -1,6 +1,6 @@
-"""The retry decision (consumer/retries.py) for each reason and each point of the horizon, and the records it makes:
-a judgement that fails for a reason that can pass waits; one that cannot, or past the horizon, fails with its last
-reason; a retried job's final outcome counts the attempt."""
+"""The retry decision (consumer/judging/retries.py) for each reason and each point of the horizon, and the records it
+makes: a judgement that fails for a reason that can pass waits; one that cannot, or past the horizon, fails with its
+last reason; a retried job's final outcome counts the attempt."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from prometheus_client import CollectorRegistry
 from tests.consumer.test_outputs import job
 from tracejudge.consumer.emit.prometheus import ConsumerInstruments
 from tracejudge.consumer.emit.results_topic import ResultsTopic
-from tracejudge.consumer.judgement import Judgement, Retry
-from tracejudge.consumer.results import result_record
-from tracejudge.consumer.retries import RetryPolicy, retry_from_json, retry_to_json
+from tracejudge.consumer.judging.judgement import Judgement, Retry
+from tracejudge.consumer.judging.results import result_record
+from tracejudge.consumer.judging.retries import RetryPolicy, retry_from_json, retry_to_json
 from tracejudge.metrics import MetricResult
 
 NOW = 1_800_000_000.0

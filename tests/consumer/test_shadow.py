@@ -22,7 +22,7 @@ from tests.support.pipeline import ROOT, RunningConsumer, consumer_settings, pla
 from tracejudge.consumer.cli import main
 from tracejudge.consumer.cli.compare import pair_up
 from tracejudge.consumer.embedded_broker import EmbeddedBroker
-from tracejudge.consumer.pool import JudgePool
+from tracejudge.consumer.judging.pool import JudgePool
 from tracejudge.metrics import FailureRateMetric
 
 PRIMARY, SHADOW = "gpt-4o-mini", "gpt-4.1-mini"

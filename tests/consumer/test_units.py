@@ -13,8 +13,8 @@ from tracejudge.consumer.cli.options import settings_from_args
 from tracejudge.consumer.cli.parser import build_parser
 from tracejudge.consumer.conversation.job import JudgeJob
 from tracejudge.consumer.conversation.table import ConversationTable
+from tracejudge.consumer.judging.sampling import Sampler, sample_point
 from tracejudge.consumer.offsets import OffsetTracker
-from tracejudge.consumer.sampling import Sampler, sample_point
 
 
 def test_flag_beats_environment_beats_default(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -145,7 +145,7 @@ def test_judge_pool_stop_drains_cancels_and_closes_its_loop() -> None:
     """stop(): judgements done within the grace period finish, the rest are cancelled; the loop closed, thread gone."""
     import asyncio
 
-    from tracejudge.consumer.pool import JudgePool
+    from tracejudge.consumer.judging.pool import JudgePool
     from tracejudge.metrics import MetricResult
 
     class Judge:
@@ -194,8 +194,8 @@ def test_delivery_queues_every_judgement_even_when_recording_it_raises() -> None
     update is logged, and the judgement still reaches `drain()` once its outputs are durable."""
     import threading
 
-    from tracejudge.consumer.delivery import Delivery
-    from tracejudge.consumer.judgement import OUTCOME_JUDGED, OUTCOME_SAMPLED_OUT, Judgement
+    from tracejudge.consumer.emit.delivery import Delivery
+    from tracejudge.consumer.judging.judgement import OUTCOME_JUDGED, OUTCOME_SAMPLED_OUT, Judgement
 
     class Raising:
         def record_judgement(self, judgement: object) -> None:
@@ -227,9 +227,9 @@ def test_a_raising_sink_is_counted_and_heard_and_the_others_still_deliver(caplog
     naming the sink, and the judgement still goes to the other sinks and on to `drain()`."""
     from prometheus_client import CollectorRegistry
 
-    from tracejudge.consumer.delivery import Delivery
+    from tracejudge.consumer.emit.delivery import Delivery
     from tracejudge.consumer.emit.prometheus import ConsumerInstruments
-    from tracejudge.consumer.judgement import OUTCOME_JUDGED, Judgement
+    from tracejudge.consumer.judging.judgement import OUTCOME_JUDGED, Judgement
 
     class BrokenSink:
         def emit(self, judgement: object) -> None:

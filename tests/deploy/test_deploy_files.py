@@ -15,8 +15,8 @@ from prometheus_client import CollectorRegistry
 
 from tests.conftest import missing_part, require_binary
 from tracejudge.consumer.emit.prometheus import ConsumerInstruments
-from tracejudge.consumer.feedback import Agreement
-from tracejudge.consumer.judgement import Judgement
+from tracejudge.consumer.judging.feedback import Agreement
+from tracejudge.consumer.judging.judgement import Judgement
 from tracejudge.consumer.streams.instruments import StreamsInstruments
 from tracejudge.metrics import FailureRateMetric, MetricResult
 from tracejudge.metrics.calibration import HallucinationCalibration

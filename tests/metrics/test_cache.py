@@ -18,7 +18,7 @@ from tests.consumer.test_outputs import job
 from tests.support.anthropic_server import AnthropicServer
 from tests.support.judge_server import JudgeServer, Reply
 from tracejudge.consumer.emit.prometheus import ConsumerInstruments
-from tracejudge.consumer.judgement import Judgement
+from tracejudge.consumer.judging.judgement import Judgement
 from tracejudge.metrics import (
     ConversationalEvalTestCase,
     ConversationalFlowRateMetric,

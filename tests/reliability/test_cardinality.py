@@ -6,7 +6,7 @@ from prometheus_client import CollectorRegistry
 
 from tests.consumer.test_outputs import job, verdict
 from tracejudge.consumer.emit.prometheus import ConsumerInstruments
-from tracejudge.consumer.judgement import Judgement
+from tracejudge.consumer.judging.judgement import Judgement
 
 
 def test_hundred_thousand_agents() -> None:

@@ -26,8 +26,8 @@ from tests.support.pipeline import RunningConsumer, consumer_settings, wait_for
 from tracejudge.consumer.app import build_app
 from tracejudge.consumer.conversation.table import ConversationState
 from tracejudge.consumer.embedded_broker import EmbeddedBroker
-from tracejudge.consumer.judgement import Judgement
-from tracejudge.consumer.results import result_record
+from tracejudge.consumer.judging.judgement import Judgement
+from tracejudge.consumer.judging.results import result_record
 from tracejudge.consumer.settings import Settings
 from tracejudge.consumer.streams import records as R
 from tracejudge.consumer.streams.assembler import Assembler

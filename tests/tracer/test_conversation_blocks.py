@@ -25,7 +25,7 @@ from tests.support.judge_server import JudgeServer, conversation_text, verdict
 from tests.support.pipeline import RunningConsumer, consumer_settings, wait_for
 from tracejudge.consumer.conversation.job import JudgeJob
 from tracejudge.consumer.embedded_broker import EmbeddedBroker
-from tracejudge.consumer.judgement import Judgement
+from tracejudge.consumer.judging.judgement import Judgement
 from tracejudge.tracer import ConversationSpanProcessor, conversation, end_conversation, setup_tracing, traced_agent
 
 TURNS = 6

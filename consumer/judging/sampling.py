@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping
 
-from .conversation.job import JudgeJob
+from ..conversation.job import JudgeJob
 
 
 def sample_point(conversation_id: str) -> float:

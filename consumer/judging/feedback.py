@@ -12,7 +12,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .adapters import Feedback
+from ..adapters import Feedback
 from .judgement import Judgement
 
 DEFAULT_RETENTION_S = 3600.0

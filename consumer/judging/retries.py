@@ -25,7 +25,7 @@ from tracejudge.metrics import MetricResult
 
 from .judgement import OUTCOME_FAILED, OUTCOME_RETRYING, Judgement, Retry
 
-logger = logging.getLogger("tracejudge.consumer.retries")
+logger = logging.getLogger("tracejudge.consumer.judging.retries")
 
 # The judges' reasons (tracejudge.metrics ERROR_*) that a later attempt can pass.
 PASSING_REASONS = frozenset({"server_error", "rate_limited", "timeout", "connection", "batch_expired"})

@@ -19,21 +19,29 @@ import logging
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from tracejudge._shared.rate_limited_log import RateLimitedLog
 from tracejudge.metrics import HolisticJudgeMetric, MetricResult
 from tracejudge.metrics.calibration import accuracy, cohen_kappa, confusion_matrix
 
-from .emit.judge_watch import PURPOSE_CANARY
-from .emit.prometheus import ConsumerInstruments
 from .gold import KAPPA_WEIGHTING, LABELS, DatasetError, GoldItem, load_dataset
+from .judgement import PURPOSE_CANARY
 from .pool import JudgePool
 
-logger = logging.getLogger("tracejudge.consumer.canary")
+
+class CanaryRecorder(Protocol):
+    """Where the canary's figures go (emit.prometheus.ConsumerInstruments): its instruments and the side cost."""
+
+    canary: Any
+
+    def record_side_cost(self, results: Iterable[MetricResult], purpose: str) -> None: ...
+
+
+logger = logging.getLogger("tracejudge.consumer.judging.canary")
 RUN_TIMEOUT_S = 600.0  # a run's calls answered interactively
 BATCH_RUN_TIMEOUT_S = 25 * 3600.0  # at --judge-tier batch a run waits for its batch: the provider's 24 h window
 PER_LABEL = 4  # the default set: 4 conversations of each Failure Rate label of the built-in gold set (6 × 4 = 24)
@@ -85,7 +93,7 @@ class Canary:
         items: Sequence[GoldItem],
         judges: Sequence[HolisticJudgeMetric],
         pool: JudgePool,
-        prometheus: ConsumerInstruments,
+        prometheus: CanaryRecorder,
         owns: Callable[[], bool],
         *,
         floors: dict[str, float] | None = None,

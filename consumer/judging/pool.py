@@ -17,10 +17,10 @@ from tracejudge.metrics import ConversationalEvalTestCase, EvalTestCase, Holisti
 from tracejudge.metrics.runner import JudgeRunner, SpendWindow
 from tracejudge.metrics.tiers import TIER_BATCH
 
-from .conversation.job import JudgeJob
+from ..conversation.job import JudgeJob
 from .judgement import OUTCOME_FAILED, OUTCOME_JUDGED, OUTCOME_SKIPPED_BUDGET, Judgement
 
-logger = logging.getLogger("tracejudge.consumer.pool")
+logger = logging.getLogger("tracejudge.consumer.judging.pool")
 
 
 class JudgePool:

@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from .conversation.job import JudgeJob
+from ..conversation.job import JudgeJob
 
 if TYPE_CHECKING:
     from tracejudge.metrics import MetricResult
@@ -23,6 +23,8 @@ OUTCOMES = (OUTCOME_JUDGED, OUTCOME_SAMPLED_OUT, OUTCOME_FAILED, OUTCOME_SKIPPED
 # Not final: a judgement that failed for a reason that can pass, waiting in the retry topic for its next attempt.
 # Written to the results topic (and acknowledged to the owner), never counted in tracejudge_sessions_total.
 OUTCOME_RETRYING = "retrying"
+# What a judge call was for (the `purpose` label of its cost): a production verdict, a shadow comparison, a canary run.
+PURPOSE_LIVE, PURPOSE_CANARY, PURPOSE_SHADOW = "live", "canary", "shadow"
 
 
 @dataclass(slots=True)

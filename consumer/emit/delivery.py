@@ -20,10 +20,10 @@ from typing import Any, Protocol
 
 from tracejudge._shared.rate_limited_log import RateLimitedLog
 
-from .emit.prometheus import ConsumerInstruments
-from .feedback import FeedbackJoiner
-from .judgement import OUTCOME_RETRYING, Judgement, Retry
-from .retries import RetryPolicy
+from ..judging.feedback import FeedbackJoiner
+from ..judging.judgement import OUTCOME_RETRYING, Judgement, Retry
+from ..judging.retries import RetryPolicy
+from .prometheus import ConsumerInstruments
 
 logger = logging.getLogger("tracejudge.consumer")
 
