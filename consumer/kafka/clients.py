@@ -1,0 +1,135 @@
+"""Every Kafka client the consumer holds is built here, from the settings' bootstrap servers and client options.
+
+One builder, so each client gets the user's options (TLS, SASL, timeouts) the same way, the failed constructor leaves
+no thread behind (`construct_client`), and a test or a benchmark swaps the factories in one place."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+from kafka import KafkaConsumer, KafkaProducer
+from kafka.admin import KafkaAdminClient
+from kafka.coordinator.assignors.cooperative_sticky import CooperativeStickyAssignor
+
+from tracejudge._shared.kafka_options import construct_client
+
+BOOTSTRAP_TIMEOUT_MS = 10_000  # a broker that does not answer within this is reported as unreachable
+RECONNECT_BACKOFF_MAX_MS = 1_000  # kafka-python's default (30 s) leaves a recovered broker unused for that long
+CLIENT_DEFAULTS: dict[str, Any] = {
+    "bootstrap_timeout_ms": BOOTSTRAP_TIMEOUT_MS,
+    "reconnect_backoff_max_ms": RECONNECT_BACKOFF_MAX_MS,
+}
+
+
+def known_options() -> set[str]:
+    """The client options a user may set (`--kafka-config`): a consumer's or a producer's."""
+    return set(KafkaConsumer.DEFAULT_CONFIG) | set(KafkaProducer.DEFAULT_CONFIG)
+
+
+def consumer_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    """The user's options a consumer takes, over the defaults."""
+    return {**CLIENT_DEFAULTS, **{k: v for k, v in options.items() if k in KafkaConsumer.DEFAULT_CONFIG}}
+
+
+def producer_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    """The user's options a producer takes, over the defaults."""
+    return {**CLIENT_DEFAULTS, **{k: v for k, v in options.items() if k in KafkaProducer.DEFAULT_CONFIG}}
+
+
+def admin_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    """The user's options an admin client takes (its own client id excepted)."""
+    config = {k: v for k, v in options.items() if k in KafkaAdminClient.DEFAULT_CONFIG and k != "client_id"}
+    return {"reconnect_backoff_max_ms": RECONNECT_BACKOFF_MAX_MS, **config}
+
+
+class KafkaClients:
+    """Builds consumers, producers and admin clients for one set of brokers and client options.
+
+    Each client takes the tuning its caller passes (`overrides`), then the user's options over it (`--kafka-config`
+    decides), then what is not theirs to change: the brokers, the client id, the group, manual commits.
+
+    `consumer_factory`/`producer_factory`/`admin_factory` default to kafka-python's classes; tests pass their own."""
+
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        options: Mapping[str, Any] | None = None,
+        *,
+        consumer_factory: Callable[..., Any] = KafkaConsumer,
+        producer_factory: Callable[..., Any] = KafkaProducer,
+        admin_factory: Callable[..., Any] = KafkaAdminClient,
+    ) -> None:
+        self.bootstrap_servers = bootstrap_servers
+        self.options = dict(options or {})
+        self.consumer_factory = consumer_factory
+        self.producer_factory = producer_factory
+        self.admin_factory = admin_factory
+
+    @classmethod
+    def from_settings(cls, settings: Any, **factories: Callable[..., Any]) -> KafkaClients:
+        """From the consumer's Settings (`bootstrap_servers`, `kafka_config`)."""
+        return cls(settings.bootstrap_servers, settings.kafka_config, **factories)
+
+    def consumer_config(self) -> dict[str, Any]:
+        return consumer_options(self.options)
+
+    def producer_config(self) -> dict[str, Any]:
+        return producer_options(self.options)
+
+    def _build(self, factory: Callable[..., Any], config: dict[str, Any]) -> Any:
+        if factory in (KafkaConsumer, KafkaProducer):
+            return construct_client(factory, **config)
+        return factory(**config)
+
+    def consumer(self, client_id: str, *, group_id: str | None = None, **overrides: Any) -> Any:
+        """A consumer that is assigned partitions by hand (no group join). With `group_id` it commits and reads that
+        group's offsets, never joining it."""
+        user = {k: v for k, v in self.consumer_config().items() if k not in ("group_id", "group_instance_id")}
+        config = {
+            "auto_offset_reset": "earliest",
+            **overrides,
+            **user,  # the user's options win over the tuning here, as for every client
+            "enable_auto_commit": False,
+            "bootstrap_servers": self.bootstrap_servers,
+            "client_id": client_id,
+            "group_id": group_id,
+        }
+        return self._build(self.consumer_factory, config)
+
+    def member(self, client_id: str, group_id: str, *, instance_id: str | None = None, **overrides: Any) -> Any:
+        """A consumer that joins `group_id` with the cooperative-sticky assignor (partitions move one at a time, the
+        rest keep being read); subscribe it afterwards. `instance_id` makes it a static member."""
+        config: dict[str, Any] = {
+            "partition_assignment_strategy": [CooperativeStickyAssignor],
+            **overrides,
+            **self.consumer_config(),
+            "enable_auto_commit": False,
+            "bootstrap_servers": self.bootstrap_servers,
+            "client_id": client_id,
+            "group_id": group_id,
+        }
+        if instance_id:
+            config["group_instance_id"] = instance_id
+        return self._build(self.consumer_factory, config)
+
+    def producer(self, client_id: str, **overrides: Any) -> Any:
+        config = {
+            **overrides,
+            **self.producer_config(),
+            "bootstrap_servers": self.bootstrap_servers,
+            "client_id": client_id,
+        }
+        return self._build(self.producer_factory, config)
+
+    @contextmanager
+    def admin(self, client_id: str = "tracejudge-admin") -> Iterator[Any]:
+        """An admin client, closed afterwards."""
+        admin = self.admin_factory(
+            bootstrap_servers=self.bootstrap_servers, client_id=client_id, **admin_options(self.options)
+        )
+        try:
+            yield admin
+        finally:
+            admin.close()
