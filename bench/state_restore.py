@@ -28,11 +28,11 @@ from tracejudge.consumer.adapters import ConversationEvent, Turn
 from tracejudge.consumer.conversation.table import ConversationTable
 from tracejudge.consumer.embedded_broker import EmbeddedBroker
 from tracejudge.consumer.emit.prometheus import ConsumerInstruments
+from tracejudge.consumer.kafka.partitioner import state_partition
+from tracejudge.consumer.kafka.topics import InternalTopics, ensure_internal_topics
 from tracejudge.consumer.service import ConsumerService
 from tracejudge.consumer.settings import Settings
 from tracejudge.consumer.streams import records as R
-from tracejudge.consumer.streams.partitioner import state_partition
-from tracejudge.consumer.streams.topics import InternalTopics, ensure_internal_topics
 
 PARTITIONS = 3
 TURNS = 3

@@ -6,6 +6,7 @@ from tracejudge._shared.errors import TracejudgeError
 
 EXIT_USAGE = 2  # invalid configuration: one line on stderr (the commands, and StartupErrors the user can fix)
 EXIT_UNAVAILABLE = 69  # sysexits' EX_UNAVAILABLE: a service the command needs (Kafka) did not answer
+EXIT_NOPERM = 77  # sysexits' EX_NOPERM: Kafka answered and refused us (TLS, SASL, ACLs)
 
 
 class ConsumerError(TracejudgeError):

@@ -27,7 +27,7 @@ from tracejudge.metrics.calibration import load_hallucination_calibration
 from tracejudge.metrics.tiers import FLEX_MIN_TIMEOUT_S, TIER_BATCH, TIER_FLEX, TIER_STANDARD, has_tier_price
 from tracejudge.metrics.transcript import Redactor
 
-from ._errors import EXIT_USAGE
+from ._errors import EXIT_USAGE, StartupError
 from .emit import KafkaWriter
 from .emit.acknowledged import AcknowledgingExporter
 from .emit.delivery import JudgementSink
@@ -36,7 +36,9 @@ from .emit.otel import OUTPUT as OTLP_OUTPUT
 from .emit.otel import CountedLogExporter, CountedSpanExporter, EvaluationEmitter
 from .emit.prometheus import ConsumerInstruments
 from .emit.results_topic import ResultsTopic
-from .service import ConsumerService, StartupError, reaching_kafka
+from .kafka.connect import reaching_kafka
+from .kafka.topics import InternalTopics
+from .service import ConsumerService
 from .settings import Settings
 
 logger = logging.getLogger("tracejudge.consumer")
@@ -294,7 +296,7 @@ def build_notifier(
 ) -> Notifier:
     """--notify-url: the notifier, its delivered ids kept in `<group>-notifications` (so a replay is not re-sent)."""
     producer_config = settings.producer_config()
-    topic = f"{settings.group_id}-notifications"
+    topic = InternalTopics(settings.group_id).notifications
     with reaching_kafka(settings.bootstrap_servers, producer_config):
         writer = KafkaWriter(
             settings.bootstrap_servers,

@@ -180,18 +180,12 @@ class EmbeddedBroker:
 
     def create_topic(self, name: str, partitions: int = 1, **client_config: object) -> None:
         """`client_config`: the kafka-python security options a TLS or SASL broker needs."""
-        from kafka.admin import KafkaAdminClient, NewTopic
-        from kafka.errors import TopicAlreadyExistsError
+        from .kafka import KafkaClients
+        from .kafka.topics import TopicLayout, TopicSpec, ensure_topics
 
-        admin = KafkaAdminClient(
-            bootstrap_servers=self.bootstrap_servers, client_id="tracejudge-admin", **client_config
-        )
-        try:
-            admin.create_topics([NewTopic(name, partitions, 1)])
-        except TopicAlreadyExistsError:
-            pass
-        finally:
-            admin.close()
+        with KafkaClients(self.bootstrap_servers, client_config).admin() as admin:
+            # one replica (Tansu has one broker); an existing topic is used as it is
+            ensure_topics(admin, [TopicSpec(name, partitions, checked=False)], TopicLayout(replication_factor=1))
 
     def __enter__(self) -> EmbeddedBroker:
         return self.start()

@@ -15,15 +15,11 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from kafka import KafkaConsumer, KafkaProducer, TopicPartition
-from kafka.admin import KafkaAdminClient
-
 from tracejudge.metrics import HolisticJudgeMetric
 from tracejudge.metrics.batch import BatchCoordinator
 from tracejudge.metrics.tiers import TIER_BATCH
 
-from ._errors import EXIT_UNAVAILABLE, KafkaUnreachable, StartupError
-from ._logging import quiet_kafka_connections
+from ._errors import EXIT_UNAVAILABLE, KafkaUnreachable
 from .emit.delivery import Delivery, JudgementSink
 from .emit.prometheus import ConsumerInstruments, family_total
 from .judging.feedback import FeedbackJoiner
@@ -34,21 +30,21 @@ from .judging.retries import RetryPolicy
 if TYPE_CHECKING:
     from .judging.canary import Canary
 from .judging.sampling import Sampler
-from .settings import RECONNECT_BACKOFF_MAX_MS, Settings
+from .kafka import KafkaAdminClient, KafkaClients, TopicPartition
+from .kafka.connect import reaching_kafka
+from .kafka.membership import PartitionlessMember
+from .kafka.topics import InternalTopics, TopicLayout, ensure_internal_topics, ensure_topics, partitions_of
+from .settings import Settings
 from .streams.assembler import Assembler
 from .streams.batch_store import KafkaBatchStore, batches_topic_spec
 from .streams.instruments import StreamsInstruments
 from .streams.judge_worker import JudgeWorker
-from .streams.membership import PartitionlessMember
-from .streams.topics import InternalTopics, TopicLayout, ensure_internal_topics, ensure_topics, partitions_of
 
 logger = logging.getLogger("tracejudge.consumer")
 LAG_INTERVAL_S = 0.5
 # A member joined without a partition of its topic for this long (in one generation) is told so: longer than the
 # second round of a cooperative rebalance, in which partitions another member gave up reach a newcomer.
 PARTITIONLESS_NOTICE_S = 10.0
-
-EXIT_NOPERM = 77  # sysexits' EX_NOPERM: Kafka answered and refused us (TLS certificate not trusted, SASL refused)
 
 __all__ = ["EXIT_UNAVAILABLE", "ConsumerService", "JudgementSink", "KafkaUnreachable"]
 
@@ -62,75 +58,6 @@ def outcome_summary(prometheus: ConsumerInstruments) -> str:
     )
 
 
-class KafkaRefused(StartupError):
-    """The brokers answered but the connection was refused: their TLS certificate is not trusted, or the SASL login
-    failed."""
-
-    exit_code = EXIT_NOPERM
-
-
-class _ConnectionFailures(logging.Handler):
-    """Keeps the last reason kafka-python gave for a failed bootstrap connection (its lines are dropped meanwhile)."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.reasons: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        message = record.getMessage()
-        if "Bootstrap connection to" in message and " failed: " in message:
-            self.reasons.append(message.split(" failed: ", 1)[1].split(" (backoff", 1)[0])
-        elif record.name.startswith("kafka.net.sasl"):
-            self.reasons.append("sasl")
-
-
-def _refusal(failures: _ConnectionFailures, config: dict[str, Any]) -> str | None:
-    """What the failed bootstrap attempts say, when it is the brokers refusing us rather than not answering."""
-    reasons = failures.reasons
-    tls = next((r for r in reversed(reasons) if "Handshake failed" in r or "CERTIFICATE" in r or "SSL" in r), None)
-    if tls is not None:
-        return (
-            f"the TLS handshake failed ({tls.removeprefix('KafkaConnectionError: ')}): check ssl_cafile (the CA that "
-            "signed the brokers' certificate) and ssl_check_hostname"
-        )
-    protocol = str(config.get("security_protocol", "PLAINTEXT"))
-    answered = [r for r in reasons if "ECONNREFUSED" not in r and "timed out" not in r.lower()]
-    if protocol.startswith("SASL") and answered:
-        return (
-            f"the brokers refused the SASL login ({config.get('sasl_mechanism')} as "
-            f"{config.get('sasl_plain_username')!r}): check sasl_mechanism, sasl_plain_username and sasl_plain_password"
-        )
-    return None
-
-
-@contextmanager
-def reaching_kafka(bootstrap_servers: str, config: dict[str, Any] | None = None) -> Iterator[None]:
-    """Around a Kafka client's construction (it connects there): kafka-python's retry lines are dropped, and a
-    broker that does not answer within `bootstrap_timeout_ms` becomes one KafkaUnreachable saying what to check (one
-    that refuses our TLS or SASL login, one KafkaRefused saying which)."""
-    from kafka.errors import KafkaConnectionError, KafkaTimeoutError, MetadataEmptyBrokerList, NodeNotReadyError
-
-    timeout_ms = (config or {}).get("bootstrap_timeout_ms")
-    within = f" within {int(timeout_ms) / 1000:g} s" if timeout_ms else ""
-    failures = _ConnectionFailures()
-    kafka_logger = logging.getLogger("kafka")
-    kafka_logger.addHandler(failures)
-    with quiet_kafka_connections():
-        try:
-            yield
-        except (KafkaTimeoutError, KafkaConnectionError, MetadataEmptyBrokerList, NodeNotReadyError) as exc:
-            refusal = _refusal(failures, config or {})
-            if refusal is not None:
-                raise KafkaRefused(f"cannot connect to Kafka at {bootstrap_servers}: {refusal}") from None
-            raise KafkaUnreachable(
-                f"cannot reach Kafka at {bootstrap_servers}{within} ({type(exc).__name__}): check "
-                "--bootstrap-servers / TRACEJUDGE_KAFKA_BOOTSTRAP_SERVERS and that the brokers are up "
-                "(wait longer with --kafka-config bootstrap_timeout_ms=MS)"
-            ) from None
-        finally:
-            kafka_logger.removeHandler(failures)
-
-
 class ConsumerService:
     """Runs until `request_stop()`."""
 
@@ -141,15 +68,18 @@ class ConsumerService:
         prometheus: ConsumerInstruments,
         *,
         sinks: Sequence[JudgementSink] = (),
-        consumer_factory: Callable[..., KafkaConsumer] = KafkaConsumer,
-        producer_factory: Callable[..., KafkaProducer] = KafkaProducer,
+        consumer_factory: Callable[..., Any] | None = None,
+        producer_factory: Callable[..., Any] | None = None,
         shadow_judges: Sequence[HolisticJudgeMetric] = (),
         canary_items: Sequence[Any] = (),
     ) -> None:
         self.settings = settings
         self.prometheus = prometheus
-        self.consumer_factory = consumer_factory
-        self.producer_factory = producer_factory
+        self.clients = KafkaClients.from_settings(
+            settings, consumer_factory=consumer_factory, producer_factory=producer_factory
+        )
+        self.consumer_factory = self.clients.consumer_factory
+        self.producer_factory = self.clients.producer_factory
         self.feedback = FeedbackJoiner(prometheus.record_agreement)
         self.sampler = Sampler(settings.sample_rate, settings.agent_sample_rates)
         self._connected = False
@@ -209,13 +139,7 @@ class ConsumerService:
         return True
 
     def _partitions(self) -> int:
-        probe = self.consumer_factory(
-            bootstrap_servers=self.settings.bootstrap_servers,
-            client_id="tracejudge-metadata",
-            group_id=None,
-            enable_auto_commit=False,
-            **{k: v for k, v in self.settings.consumer_config().items() if k != "group_id"},
-        )
+        probe = self.clients.consumer("tracejudge-metadata")
         try:
             return partitions_of(probe, self.settings.topic)
         finally:
@@ -224,20 +148,8 @@ class ConsumerService:
     @contextmanager
     def _admin(self) -> Iterator[KafkaAdminClient]:
         """An admin client with the user's Kafka options, closed afterwards (internal topics are created with it)."""
-        config = {
-            k: v
-            for k, v in self.settings.kafka_config.items()
-            if k in KafkaAdminClient.DEFAULT_CONFIG and k != "client_id"
-        }
-        admin = KafkaAdminClient(
-            bootstrap_servers=self.settings.bootstrap_servers,
-            client_id="tracejudge-admin",
-            **{"reconnect_backoff_max_ms": RECONNECT_BACKOFF_MAX_MS, **config},
-        )
-        try:
+        with self.clients.admin() as admin:
             yield admin
-        finally:
-            admin.close()
 
     def _ensure_topics(self, partitions: int) -> None:
         with self._admin() as admin:
@@ -272,8 +184,7 @@ class ConsumerService:
                 self.instruments,
                 partitions=partitions,
                 feedback=self.feedback,
-                consumer_factory=self.consumer_factory,
-                producer_factory=self.producer_factory,
+                clients=self.clients,
             )
             self.judge_worker.open()
             self.pool.start()
@@ -287,8 +198,7 @@ class ConsumerService:
                 self.instruments,
                 self._select,
                 partitions=partitions,
-                consumer_factory=self.consumer_factory,
-                producer_factory=self.producer_factory,
+                clients=self.clients,
             )
             self.assembler.open()
 
@@ -326,9 +236,7 @@ class ConsumerService:
             return
         with self._admin() as admin:
             ensure_topics(admin, [batches_topic_spec(self.settings.group_id)], self.topic_layout)
-        store = KafkaBatchStore(
-            self.settings, consumer_factory=self.consumer_factory, producer_factory=self.producer_factory
-        )
+        store = KafkaBatchStore(self.settings, self.clients)
         self.batch_store = store
         for coordinator in coordinators.values():
             coordinator.on_event = self.prometheus.record_batch_event

@@ -11,19 +11,9 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from tracejudge._shared.kafka_options import check_kafka_options
 
+from .kafka.clients import consumer_options, known_options, producer_options
+
 KNOWN_METRICS = ("failure_rate", "conversational_flow")
-# How long the first connection to the brokers may take before the command stops with one line (kafka-python's own
-# default is 30 s of retries); `--kafka-config bootstrap_timeout_ms=MS` changes it.
-BOOTSTRAP_TIMEOUT_MS = 5_000
-# After a broker outage clients reconnect within a second, as the Java clients do (kafka-python backs off up to
-# 30 s, which kept a consumer idle for half a minute after its broker came back).
-RECONNECT_BACKOFF_MAX_MS = 1_000
-_CLIENT_DEFAULTS: dict[str, Any] = {
-    "bootstrap_timeout_ms": BOOTSTRAP_TIMEOUT_MS,
-    "reconnect_backoff_max_ms": RECONNECT_BACKOFF_MAX_MS,
-}
-
-
 # The sections of `--help` and of docs/configuration.md's table, in their order. Every field names one (`group=`);
 # tests/consumer/test_cli_help.py fails naming a field that does not, and --help shows such a field under UNGROUPED.
 KAFKA = "Kafka"
@@ -505,13 +495,11 @@ class Settings(BaseSettings):
     @field_validator("kafka_config", mode="before")
     @classmethod
     def _kafka_config(cls, value: Any) -> dict[str, Any]:
-        from kafka import KafkaConsumer, KafkaProducer
-
         if isinstance(value, dict):
             pairs = {str(k): v for k, v in value.items()}
         else:
             pairs = {k: _coerce(v) for k, v in parse_pairs(value, "Kafka option").items()}
-        check_kafka_options(pairs, set(KafkaConsumer.DEFAULT_CONFIG) | set(KafkaProducer.DEFAULT_CONFIG))
+        check_kafka_options(pairs, known_options())
         return pairs
 
     @field_validator("internal_topic_config", mode="before")
@@ -701,13 +689,7 @@ class Settings(BaseSettings):
         return self.max_concurrency
 
     def consumer_config(self) -> dict[str, Any]:
-        from kafka import KafkaConsumer
-
-        options = {k: v for k, v in self.kafka_config.items() if k in KafkaConsumer.DEFAULT_CONFIG}
-        return {**_CLIENT_DEFAULTS, **options}
+        return consumer_options(self.kafka_config)
 
     def producer_config(self) -> dict[str, Any]:
-        from kafka import KafkaProducer
-
-        options = {k: v for k, v in self.kafka_config.items() if k in KafkaProducer.DEFAULT_CONFIG}
-        return {**_CLIENT_DEFAULTS, **options}
+        return producer_options(self.kafka_config)

@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import grimp
@@ -53,6 +54,23 @@ def lint_imports(cwd: Path, env: dict[str, str] | None = None) -> subprocess.Com
     )
 
 
+def test_only_the_kafka_seam_imports_kafka_python() -> None:
+    """Directly, anywhere in the consumer, imports inside functions included; and the contract that `lint-imports`
+    checks names every module of the consumer but the seam, so a new module is covered too."""
+    graph = grimp.build_graph(*PACKAGES, include_external_packages=True, cache_dir=None)
+    outside = sorted(
+        m
+        for m in graph.find_modules_that_directly_import("kafka")
+        if m.startswith("tracejudge.consumer") and not m.startswith("tracejudge.consumer.kafka")
+    )
+    assert outside == []
+
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    (seam,) = [c for c in contracts if c["name"].startswith("Only the Kafka seam")]
+    children = {m for m in graph.find_children("tracejudge.consumer") if m != "tracejudge.consumer.kafka"}
+    assert children == set(seam["source_modules"])
+
+
 def test_no_import_cycle_anywhere() -> None:
     assert module_cycles() == []
 
@@ -73,7 +91,9 @@ def test_planted_violations_are_caught(tmp_path: Path) -> None:
             "def f() -> None:\n    from tracejudge.consumer.cli import options  # noqa: F401\n"
         ),
         "consumer/conversation/planted_kafka.py": "def f() -> None:\n    import kafka  # noqa: F401\n",
-        "consumer/emit/planted_pool.py": "def f() -> None:\n    from tracejudge.consumer.judging import pool  # noqa: F401\n",
+        "consumer/emit/planted_pool.py": (
+            "def f() -> None:\n    from tracejudge.consumer.judging import pool  # noqa: F401\n"
+        ),
         "consumer/streams/planted_up.py": (
             "def f() -> None:\n    from tracejudge.consumer import service  # noqa: F401\n"
         ),
@@ -87,7 +107,7 @@ def test_planted_violations_are_caught(tmp_path: Path) -> None:
     completed = lint_imports(tmp_path, env)
     report = completed.stdout + completed.stderr
     assert completed.returncode != 0, report
-    assert "Contracts: 0 kept, 9 broken." in report, report
+    assert "Contracts: 0 kept, 10 broken." in report, report
     assert "tracejudge.consumer.conversation.planted_kafka -> kafka" in report
     assert "tracejudge.consumer.streams.planted_up -> tracejudge.consumer.service" in report
     assert "tracejudge.consumer.streams.task -> tracejudge.consumer.streams.assembler" in report

@@ -2,20 +2,19 @@
 
 The SDK's BatchSpanProcessor keeps its queue and drop count in private fields that changed between releases (none
 readable before 1.34), so a subclass cannot count its drops. This one follows the same design and settings
-(OTEL_BSP_* environment variables): the application's thread only appends to a bounded queue; one worker thread
-batches and exports; force_flush and shutdown are bounded by a deadline; whatever is not exported is counted.
+(OTEL_BSP_* environment variables) on the shared bounded worker: the application's thread only appends to a bounded
+queue; one worker thread batches and exports; force_flush and shutdown are bounded by a deadline; whatever is not
+exported is counted. Its policy: no retry (a failed export is the exporter's to count), an exporter that raises has
+its spans counted dropped, exports are not traced themselves.
 """
 
 from __future__ import annotations
 
-import collections
 import inspect
 import logging
 import os
 import threading
 import time
-import weakref
-from collections.abc import Sequence
 
 from opentelemetry import context as otel_context
 from opentelemetry.context import Context
@@ -28,6 +27,7 @@ from opentelemetry.sdk.environment_variables import (
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.sdk.trace.export import SpanExporter
 
+from tracejudge._shared.bounded_worker import FULL, UNHANDLED, BoundedWorker
 from tracejudge._shared.rate_limited_log import RateLimitedLog
 
 from .exporter import ExporterStats
@@ -71,24 +71,31 @@ class BoundedBatchSpanProcessor(SpanProcessor):
         batch = int(max_export_batch_size or _env_number(OTEL_BSP_MAX_EXPORT_BATCH_SIZE, 512))
         self.max_export_batch_size = min(batch, self.max_queue_size)
         self.export_timeout_s = (export_timeout_millis or _env_number(OTEL_BSP_EXPORT_TIMEOUT, 30_000)) / 1000
-        self.queue_full_drops = 0
-        self.spans_dropped = 0
+        self._raised = 0  # spans whose export raised (counted on the worker thread only)
         self._drop_log = RateLimitedLog(logger)
-        self._shutdown = False
-        self._init_state()
-        # A forked child (gunicorn, multiprocessing) gets fresh locks, an empty queue (the parent exports its own
-        # spans) and its own worker, as the SDK's processor does; a processor already shut down stays shut down.
-        reference = weakref.WeakMethod(self._init_state)
-        os.register_at_fork(after_in_child=lambda: (method := reference()) and method())
+        self._shutdown_once = threading.Lock()  # held for good by the first shutdown (a forked child's copy too)
+        # A forked child gets its own empty queue and worker (the parent exports its own spans), as with the SDK's.
+        self._worker: BoundedWorker[ReadableSpan] = BoundedWorker(
+            self._export,
+            name="tracejudge-BatchSpanProcessor",
+            max_queue=self.max_queue_size,
+            max_batch=self.max_export_batch_size,
+            linger_s=self.schedule_delay_s,
+            on_drop=self._dropped,
+        )
 
-    def _init_state(self) -> None:
-        self._lock = threading.Lock()
-        self._export_lock = threading.Lock()
-        self._queue: collections.deque[ReadableSpan] = collections.deque()
-        self._wake = threading.Event()
-        self._worker = threading.Thread(target=self._run, name="tracejudge-BatchSpanProcessor", daemon=True)
-        if not self._shutdown:
-            self._worker.start()
+    @property
+    def queue_full_drops(self) -> int:
+        return self._worker.drops.get(FULL, 0)
+
+    @property
+    def spans_dropped(self) -> int:
+        return self._worker.dropped + self._raised
+
+    @property
+    def queued(self) -> int:
+        """Spans waiting for export now (at most max_queue_size)."""
+        return self._worker.pending
 
     # -- the application's thread -----------------------------------------------------------------------------------
 
@@ -96,101 +103,46 @@ class BoundedBatchSpanProcessor(SpanProcessor):
         pass
 
     def on_end(self, span: ReadableSpan) -> None:
-        if not (span.context and span.context.trace_flags.sampled):
-            return
-        wake = late = full = False
-        with self._lock:
-            if self._shutdown:  # read under the lock shutdown sets it with: each span is queued before, or counted
-                late = True
-                self.spans_dropped += 1
-            elif len(self._queue) >= self.max_queue_size:
-                full = True
-                self.queue_full_drops += 1
-                self.spans_dropped += 1
-            else:
-                self._queue.append(span)
-                wake = len(self._queue) >= self.max_export_batch_size
-        if wake:
-            self._wake.set()
-        elif full:
-            if self.stats is not None:
-                self.stats.add(queue_full_drops=1, spans_dropped=1)
+        if span.context and span.context.trace_flags.sampled:
+            self._worker.put(span)  # never blocks; a drop is counted (`_dropped`)
+
+    def _dropped(self, count: int, reason: str) -> None:
+        if self.stats is not None:
+            self.stats.add(spans_dropped=count, **({"queue_full_drops": count} if reason == FULL else {}))
+        if reason == FULL:
             self._drop_log.warning(
                 "tracejudge: span queue full (%d); dropped a span (%d so far)",
                 self.max_queue_size,
                 self.queue_full_drops,
             )
-        elif late:
-            if self.stats is not None:
-                self.stats.add(spans_dropped=1)
+        elif reason == UNHANDLED:
+            logger.warning("tracejudge: shutdown deadline passed; dropped %d queued span(s)", count)
+        else:
             self._drop_log.warning("tracejudge: span ended after the processor shut down; dropped")
-
-    @property
-    def queued(self) -> int:
-        """Spans waiting for export now (at most max_queue_size)."""
-        return len(self._queue)
 
     # -- the worker thread ------------------------------------------------------------------------------------------
 
-    def _run(self) -> None:
-        while not self._shutdown:
-            self._wake.wait(self.schedule_delay_s)
-            self._wake.clear()
-            if self._shutdown:
-                break
-            try:
-                self._drain(None)
-            except Exception:  # never let the worker die: a dead worker would turn every later span into a drop
-                logger.exception("tracejudge: span export worker error")
-
-    def _drain(self, deadline: float | None) -> bool:
-        """Export everything queued, a batch at a time; False if the deadline passed first.
-
-        Popping and exporting happen under one lock, so a flush also waits for the batch the worker has in flight.
-        """
-        while True:
-            if deadline is None:
-                self._export_lock.acquire()
-            else:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0 or not self._export_lock.acquire(timeout=remaining):
-                    with self._lock:
-                        return not self._queue
-            try:
-                with self._lock:
-                    if not self._queue:
-                        return True
-                    count = min(self.max_export_batch_size, len(self._queue))
-                    batch = [self._queue.popleft() for _ in range(count)]
-                self._export(batch)
-            finally:
-                self._export_lock.release()
-
-    def _export(self, batch: Sequence[ReadableSpan]) -> None:
+    def _export(self, batch: list[ReadableSpan]) -> None:
         token = otel_context.attach(otel_context.set_value(_SUPPRESS_INSTRUMENTATION_KEY, True))
         try:
             self.span_exporter.export(batch)
         except Exception as exc:  # an exporter must not raise; if one does, its spans are counted, not lost quietly
-            self._count_dropped(len(batch), export_failures=1)
+            self._raised += len(batch)
+            if self.stats is not None:
+                self.stats.add(spans_dropped=len(batch), export_failures=1)
             self._drop_log.warning("tracejudge: span exporter raised %r; dropped %d span(s)", exc, len(batch))
         finally:
             otel_context.detach(token)
 
-    def _count_dropped(self, count: int, **extra: int) -> None:
-        with self._lock:
-            self.spans_dropped += count
-        if self.stats is not None:
-            self.stats.add(spans_dropped=count, **extra)
-
     # -- flush and shutdown -----------------------------------------------------------------------------------------
 
     def force_flush(self, timeout_millis: int | None = None) -> bool:
-        """Export what is queued now, on the caller's thread, within the timeout (default: the export timeout)."""
-        if self._shutdown:
+        """Export what is queued now (the worker does), within the timeout (default: the export timeout)."""
+        if self._worker.closed:
             return False
         timeout_s = self.export_timeout_s if timeout_millis is None else timeout_millis / 1000
         deadline = time.monotonic() + timeout_s
-        drained = self._drain(deadline)
+        drained = self._worker.flush(timeout_s)
         remaining_ms = max(0, int((deadline - time.monotonic()) * 1000))
         try:
             flushed = self.span_exporter.force_flush(remaining_ms)
@@ -200,21 +152,10 @@ class BoundedBatchSpanProcessor(SpanProcessor):
 
     def shutdown(self) -> None:
         """Export what is queued within the export timeout; count what is left; then shut the exporter down."""
-        with self._lock:  # once, even when called from several threads; on_end reads the flag under this lock
-            if self._shutdown:
-                return
-            self._shutdown = True
-        self._wake.set()
+        if not self._shutdown_once.acquire(blocking=False):  # once, even when called from several threads
+            return
         deadline = time.monotonic() + self.export_timeout_s
-        if threading.current_thread() is not self._worker:
-            self._worker.join(max(0.0, deadline - time.monotonic()))
-        self._drain(deadline)  # gives up at the deadline, even while a stuck export holds the lock
-        with self._lock:
-            left = len(self._queue)
-            self._queue.clear()
-        if left:
-            self._count_dropped(left)
-            logger.warning("tracejudge: shutdown deadline passed; dropped %d queued span(s)", left)
+        self._worker.close(self.export_timeout_s)  # gives up at the deadline, even while an export is stuck
         try:
             shutdown = self.span_exporter.shutdown
             if "timeout_millis" in inspect.signature(shutdown).parameters:  # exporters that accept a deadline get it

@@ -39,8 +39,6 @@ if TYPE_CHECKING:  # it imports kafka: loaded when a backfill runs, not by every
 logger = logging.getLogger("tracejudge.backfill")
 # Timestamps within a partition are only roughly ordered (several producers): read this far past --to.
 LATENESS_MS = 5 * 60_000
-# Empty polls in a row (0.5 s each) after which reading stops; the partitions not read to the end are reported.
-MAX_IDLE_POLLS = 20
 EXIT_INCOMPLETE = 1
 # --dry-run's estimate of a verdict's length (JSON: label, evidence, reason), in output tokens per judge call.
 ESTIMATED_OUTPUT_TOKENS = 200
@@ -130,19 +128,19 @@ class BackfillReport:
     result_ids: list[str] = field(default_factory=list)
 
 
-def _existing_result_ids(consumer_factory: Any, bootstrap: str, topic: str, config: dict[str, Any]) -> set[str]:
+def _existing_result_ids(settings: Any) -> set[str]:
     """The result ids already on the results topic, read to its high watermark (as `compare` reads it)."""
-    from kafka import TopicPartition
+    from ..kafka import KafkaClients
+    from ..kafka.reader import partitions_for, records_to_end, stall_bound_s, topic_partitions
 
-    from ..topic_reader import partitions_for, records_to_end, stall_bound_s
-
-    consumer = consumer_factory(bootstrap_servers=bootstrap, enable_auto_commit=False, **config)
+    clients = KafkaClients.from_settings(settings)
+    topic = settings.results_topic
+    consumer = clients.consumer("tracejudge-backfill-results")
     ids: set[str] = set()
     what = f"the results topic {topic!r}"
-    stall_s = stall_bound_s(config)
+    stall_s = stall_bound_s(clients.consumer_config())
     try:
-        partitions = partitions_for(consumer, topic, what=what, stall_s=stall_s)
-        assigned = [TopicPartition(topic, p) for p in sorted(partitions)]
+        assigned = topic_partitions(topic, partitions_for(consumer, topic, what=what, stall_s=stall_s))
         if not assigned:
             return ids
         for record in records_to_end(consumer, assigned, what=what, stall_s=stall_s):
@@ -215,7 +213,7 @@ class Judging:
             self.on_finished(judgement)
 
 
-def topic_partitions(consumer: Any, topic: str) -> list[int]:
+def topic_partitions_of(consumer: Any, topic: str) -> list[int]:
     return sorted(consumer.partitions_for_topic(topic) or set())
 
 
@@ -231,15 +229,15 @@ def read_range(
     """Fold every record with a timestamp in [start, end) into the tables, its timestamp as the clock.
 
     Conversations idle by record time are completed and judged while reading; at the end every partition's clock
-    stands at `end_ms`. Partitions that could not be read to the end of the range (the reading stopped after
-    MAX_IDLE_POLLS empty polls) are listed in `report.unread_partitions`.
+    stands at `end_ms`. Partitions that could not be read to the end of the range (no progress for the reader's
+    stall bound: `kafka.reader`) are listed in `report.unread_partitions`.
     """
-    from kafka import TopicPartition
+    from ..kafka.reader import ReadStalled, TopicReader, stall_bound_s, topic_partitions
 
     assembler = judging.assembler
-    assigned = [TopicPartition(topic, p) for p in topic_partitions(consumer, topic)]
-    consumer.assign(assigned)
-    done: set[int] = set()
+    assigned = topic_partitions(topic, topic_partitions_of(consumer, topic))
+    start: dict[Any, int] = {}
+    empty: list[Any] = []
     try:
         starts = consumer.offsets_for_times({tp: start_ms for tp in assigned})
     except Exception:  # brokers without time index support: scan from the beginning and filter by timestamp
@@ -249,37 +247,19 @@ def read_range(
         if found is not None and found.timestamp is not None and found.timestamp < 0:
             found = None  # "no such record" as some brokers say it (an offset without a timestamp)
         if found is not None:
-            consumer.seek(tp, found.offset)
+            start[tp] = found.offset
         elif starts is not None:  # no record at or after --from: nothing to read in this partition
-            done.add(tp.partition)
-            consumer.pause(tp)
-        else:
-            consumer.seek_to_beginning(tp)
-    idle_polls = 0
-    while len(done) < len(assigned):
-        batches = consumer.poll(timeout_ms=500, max_records=1000)
-        if not batches:
-            idle_polls += 1
-            for tp in assigned:  # the fetch high watermark, not ListOffsets, says when a partition is read
-                highwater = consumer.highwater(tp)
-                if highwater is not None and consumer.position(tp) >= highwater:
-                    done.add(tp.partition)
-            if idle_polls >= MAX_IDLE_POLLS and len(done) < len(assigned):
-                report.unread_partitions = sorted(tp.partition for tp in assigned if tp.partition not in done)
-                logger.warning(
-                    "stopped after %d empty polls: partitions %s were not read to the end of the range",
-                    idle_polls,
-                    report.unread_partitions,
-                )
-                break
-            continue
-        idle_polls = 0
-        for tp, records in batches.items():
+            empty.append(tp)
+    stall_s = stall_bound_s(getattr(consumer, "config", {}) or {})
+    reader = TopicReader(consumer, assigned, what=f"{topic!r} from --from to --to", start=start, stall_s=stall_s)
+    for tp in empty:
+        reader.finish(tp)
+    try:
+        for tp, records in reader:
             for record in records:
                 report.scanned += 1
                 if record.timestamp >= end_ms + LATENESS_MS:
-                    done.add(tp.partition)
-                    consumer.pause(tp)
+                    reader.finish(tp)
                     break
                 if not start_ms <= record.timestamp < end_ms:
                     continue
@@ -289,9 +269,15 @@ def read_range(
                     report.malformed += 1
                     if malformed is not None:
                         malformed(record, failure)
-        assembler.advance(done, end_ms)
-        judging.dispatch()
-        judging.drain()
+            done = {p.partition for p in reader.partitions if reader.caught_up(p)}
+            assembler.advance(done, end_ms)
+            judging.dispatch()
+            judging.drain()
+    except ReadStalled as stalled:
+        report.unread_partitions = stalled.unread
+        logger.warning(
+            "no progress for %g s: partitions %s were not read to the end of the range", stall_s, stalled.unread
+        )
     # Conversations that went quiet for the idle timeout before --to are complete; the rest are still open.
     assembler.advance({tp.partition for tp in assigned}, end_ms)
     judging.dispatch()
@@ -341,8 +327,8 @@ def _refuse_without_output(namespace: argparse.Namespace, settings: Any) -> bool
 
 def run_backfill(namespace: argparse.Namespace) -> int:
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    from .._errors import StartupError
     from .._logging import configure_logging
-    from ..service import StartupError
 
     try:
         start, end = parse_time(namespace.start), parse_time(namespace.end)
@@ -384,15 +370,12 @@ def run_backfill(namespace: argparse.Namespace) -> int:
 
 def _connect(settings: Any) -> Any:
     """The reading consumer (no group, no commits); KafkaUnreachable when the brokers do not answer."""
-    from kafka import KafkaConsumer
+    from ..kafka import KafkaClients
+    from ..kafka.connect import reaching_kafka
 
-    from tracejudge._shared.kafka_options import construct_client
-
-    from ..service import reaching_kafka
-
-    config = {"enable_auto_commit": False, **settings.consumer_config()}
-    with reaching_kafka(settings.bootstrap_servers, config):
-        return construct_client(KafkaConsumer, bootstrap_servers=settings.bootstrap_servers, **config)
+    clients = KafkaClients.from_settings(settings)
+    with reaching_kafka(settings.bootstrap_servers, clients.consumer_config()):
+        return clients.consumer("tracejudge-backfill")
 
 
 def _backfill(namespace: argparse.Namespace, settings: Any, start: datetime, end: datetime) -> int:
@@ -407,13 +390,9 @@ def _backfill(namespace: argparse.Namespace, settings: Any, start: datetime, end
 
 
 def _existing(namespace: argparse.Namespace, settings: Any) -> set[str]:
-    from kafka import KafkaConsumer
-
     if not settings.results_topic or namespace.rejudge:
         return set()
-    return _existing_result_ids(
-        KafkaConsumer, settings.bootstrap_servers, settings.results_topic, settings.consumer_config()
-    )
+    return _existing_result_ids(settings)
 
 
 def _dry_run(namespace: argparse.Namespace, settings: Any, consumer: Any, start: datetime, end: datetime) -> int:
@@ -436,7 +415,7 @@ def _dry_run(namespace: argparse.Namespace, settings: Any, consumer: Any, start:
     from ..streams.range_assembler import RangeAssembler
 
     # No judges, no sinks, no dead-letter topic: a dry run writes nothing anywhere.
-    assembler = RangeAssembler(settings, len(topic_partitions(consumer, settings.topic)) or 1, start_ms)
+    assembler = RangeAssembler(settings, len(topic_partitions_of(consumer, settings.topic)) or 1, start_ms)
     judging = Judging(assembler, would_judge, Delivery(ConsumerInstruments(CollectorRegistry()), []))
     read_range(consumer, settings.topic, start_ms, end_ms, judging, report)
     judging.drain()
@@ -547,7 +526,7 @@ def _finish(report: BackfillReport, settings: Any, judgements: list[Judgement]) 
     if report.unread_partitions:
         console.print(
             f"INCOMPLETE: partitions {report.unread_partitions} of {settings.topic!r} were not read to the end of the "
-            f"range (no data after {MAX_IDLE_POLLS} empty polls); exit {EXIT_INCOMPLETE}"
+            f"range (Kafka made no progress on them for the stall bound); exit {EXIT_INCOMPLETE}"
         )
     summary_path = os.environ.get("TRACEJUDGE_BACKFILL_SUMMARY")
     if summary_path:
@@ -565,7 +544,7 @@ def _judge_range(namespace: argparse.Namespace, settings: Any, consumer: Any, st
     from ..conversation.textless import TextlessSpans
     from ..emit import KafkaWriter
     from ..emit.prometheus import ConsumerInstruments
-    from ..service import reaching_kafka
+    from ..kafka.connect import reaching_kafka
     from ..streams.range_assembler import RangeAssembler
 
     console = Console()
@@ -597,7 +576,7 @@ def _judge_range(namespace: argparse.Namespace, settings: Any, consumer: Any, st
         max_cost_per_hour=settings.max_cost_per_hour,
     )
     textless = TextlessSpans(prometheus.record_textless_span)
-    partitions = len(topic_partitions(consumer, settings.topic)) or 1
+    partitions = len(topic_partitions_of(consumer, settings.topic)) or 1
     assembler = RangeAssembler(settings, partitions, start_ms, textless=textless)
     finished: list[Judgement] = []
     judging = Judging(

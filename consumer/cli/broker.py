@@ -74,7 +74,7 @@ def run_broker(namespace: argparse.Namespace) -> int:
     except BrokerUnavailable as exc:
         return fail(str(exc))
     try:
-        from kafka.errors import KafkaError
+        from ..kafka import KafkaError
 
         try:
             for topic in topics:

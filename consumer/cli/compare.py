@@ -181,27 +181,27 @@ def compare_metric(metric: str, pairs: list[tuple[Verdict, Verdict]]) -> dict[st
 
 def read_results(settings: Any) -> list[dict[str, Any]]:
     """Every record of the results topic up to its high watermark (no group, no commits); KafkaUnreachable when the
-    brokers do not answer, at the start or once a read makes no progress for the stall bound (topic_reader). An
+    brokers do not answer, at the start or once a read makes no progress for the stall bound (kafka.reader). An
     unreadable record is skipped (counted in the report). kafka-python's connection lines are dropped meanwhile:
     what follows is one line, the answer or why there is none."""
-    from kafka import KafkaConsumer, TopicPartition
-
     from .._logging import quiet_kafka_connections
-    from ..service import reaching_kafka
-    from ..topic_reader import partitions_for, records_to_end, stall_bound_s
+    from ..kafka import KafkaClients
+    from ..kafka.connect import reaching_kafka
+    from ..kafka.reader import partitions_for, records_to_end, stall_bound_s, topic_partitions
 
-    config = {"enable_auto_commit": False, **settings.consumer_config()}
+    clients = KafkaClients.from_settings(settings)
+    config = clients.consumer_config()
     stall_s = stall_bound_s(config)
     topic = settings.results_topic
     with reaching_kafka(settings.bootstrap_servers, config):
-        consumer = KafkaConsumer(bootstrap_servers=settings.bootstrap_servers, **config)
+        consumer = clients.consumer("tracejudge-compare")
     records: list[dict[str, Any]] = []
     with quiet_kafka_connections():
         try:
             partitions = partitions_for(consumer, topic, what=f"results topic {topic!r}", stall_s=stall_s)
             if not partitions:
                 raise CompareError(f"--results-topic: topic {topic!r} does not exist")
-            assigned = [TopicPartition(topic, p) for p in sorted(partitions)]
+            assigned = topic_partitions(topic, partitions)
             for record in records_to_end(consumer, assigned, what=f"results topic {topic!r}", stall_s=stall_s):
                 try:
                     value = json.loads(record.value)
@@ -263,8 +263,8 @@ def run_compare(namespace: argparse.Namespace) -> int:
     Ctrl-C."""
     from rich.console import Console
 
+    from .._errors import StartupError
     from .._logging import configure_logging
-    from ..service import StartupError
     from .backfill import parse_time
     from .options import settings_from_args
 

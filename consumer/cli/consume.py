@@ -59,8 +59,8 @@ def run_consume(namespace: argparse.Namespace) -> int:
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     from prometheus_client import CollectorRegistry
 
+    from .._errors import StartupError
     from ..app import MetricsPortUnavailable, build_app, serve_metrics_endpoint, tier_problem
-    from ..service import StartupError
     from .judge_check import refuse_judge_config, refuse_unanswering_judge
 
     problem = tier_problem(settings)  # before the judge check: a tier the provider lacks is a usage error

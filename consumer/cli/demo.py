@@ -477,13 +477,10 @@ def given_kafka_config(namespace: argparse.Namespace) -> dict[str, Any]:
 
 
 def _create_topic(bootstrap: str, topic: str) -> None:
-    from kafka.admin import KafkaAdminClient
+    from ..kafka import KafkaClients
 
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="tracejudge-demo")
-    try:  # replication factor -1: the cluster's default.replication.factor
+    with KafkaClients(bootstrap).admin("tracejudge-demo") as admin:  # replication -1: the cluster's default
         admin.create_topics({topic: {"num_partitions": 3, "replication_factor": -1}})
-    finally:
-        admin.close()
 
 
 def _print_summary(console: Any, summary: dict[str, dict[str, Any]], registry: Any, table_cls: Any) -> None:

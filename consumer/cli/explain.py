@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from datetime import UTC, datetime
 from typing import Any
 
@@ -48,51 +47,41 @@ def _iso_ns(ns: int | None) -> str | None:
     return _iso_ms(ns / 1e6) if isinstance(ns, int) and ns > 0 else None
 
 
-def read_topic(consumer: Any, topic: str, partitions: list[int] | None, key: bytes) -> list[Any]:
+def read_topic(consumer: Any, topic: str, partitions: list[int] | None, key: bytes, stall_s: float) -> list[Any]:
     """The records of `topic` (those `partitions`, or all) keyed `key`, up to each partition's high watermark."""
-    from kafka import TopicPartition
+    from ..kafka.reader import partitions_for, records_to_end, topic_partitions
 
-    known = consumer.partitions_for_topic(topic)
+    what = f"topic {topic!r}"
+    known = partitions_for(consumer, topic, what=what, stall_s=stall_s)
     if not known:
         return []
-    assigned = [TopicPartition(topic, p) for p in sorted(known) if partitions is None or p in partitions]
-    consumer.assign(assigned)
-    consumer.seek_to_beginning(*assigned)
-    found: list[Any] = []
-    deadline = time.monotonic() + 60
-    quiet = 0
-    while time.monotonic() < deadline:
-        batches = consumer.poll(timeout_ms=300)
-        quiet = 0 if batches else quiet + 1
-        for batch in batches.values():
-            found.extend(r for r in batch if r.key == key)
-        ends = {tp: consumer.highwater(tp) for tp in assigned}
-        if all(end is not None and consumer.position(tp) >= end for tp, end in ends.items()):
-            break
-        if quiet >= 10 and all(end in (None, 0) for end in ends.values()):
-            break  # empty partitions: no fetch ever tells a high watermark above 0
-    return found
+    assigned = topic_partitions(topic, [p for p in known if partitions is None or p in partitions])
+    return [r for r in records_to_end(consumer, assigned, what=what, stall_s=stall_s) if r.key == key]
 
 
 def read_story(settings: Any, conversation_id: str) -> tuple[list[Any], list[dict[str, Any]]]:
     """The conversation's changelog records and its results-topic records (KafkaUnreachable: StartupError)."""
-    from kafka import KafkaConsumer
+    from ..kafka import KafkaClients
+    from ..kafka.connect import reaching_kafka
+    from ..kafka.partitioner import state_partition
+    from ..kafka.reader import stall_bound_s
+    from ..kafka.topics import InternalTopics
 
-    from ..service import reaching_kafka
-    from ..streams.partitioner import state_partition
-    from ..streams.topics import InternalTopics
-
-    config = {"enable_auto_commit": False, **settings.consumer_config()}
+    clients = KafkaClients.from_settings(settings)
+    config = clients.consumer_config()
+    stall_s = stall_bound_s(config)
     with reaching_kafka(settings.bootstrap_servers, config):
-        consumer = KafkaConsumer(bootstrap_servers=settings.bootstrap_servers, **config)
+        consumer = clients.consumer("tracejudge-explain")
     key = conversation_id.encode("utf-8", "surrogatepass")
     try:
         changelog = InternalTopics(settings.group_id).changelog
         count = len(consumer.partitions_for_topic(changelog) or ())
-        states = read_topic(consumer, changelog, [state_partition(conversation_id, count)], key) if count else []
+        states = (
+            read_topic(consumer, changelog, [state_partition(conversation_id, count)], key, stall_s) if count else []
+        )
         results: list[dict[str, Any]] = []
         if settings.results_topic:
-            for record in read_topic(consumer, settings.results_topic, None, key):
+            for record in read_topic(consumer, settings.results_topic, None, key, stall_s):
                 try:
                     value = json.loads(record.value)
                 except (TypeError, ValueError):
@@ -301,8 +290,8 @@ def _line(attempt: dict[str, Any]) -> str:
 
 
 def run_explain(namespace: argparse.Namespace) -> int:
+    from .._errors import StartupError
     from .._logging import configure_logging
-    from ..service import StartupError
     from .options import settings_from_args
 
     settings = settings_from_args(namespace)

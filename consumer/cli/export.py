@@ -316,8 +316,8 @@ def selection_from(namespace: argparse.Namespace) -> Selection:
 
 def run_export(namespace: argparse.Namespace) -> int:
     """0 (also when nothing matched: said); 2 for a usage error; 69 when Kafka does not answer; 130 on Ctrl-C."""
+    from .._errors import StartupError
     from .._logging import configure_logging
-    from ..service import StartupError
     from .compare import CompareError, read_results
     from .options import settings_from_args
 

@@ -1,4 +1,5 @@
-"""A Kafka producer behind a queue and its own thread: writers never block the judge pool or the poll loop.
+"""A Kafka producer behind the shared bounded worker (a queue, one thread): writers never block the judge pool or
+the poll loop.
 
 A record's `delivered` event is set only once the broker acknowledged it. A failed send is retried with exponential
 backoff until it succeeds or the writer closes, and each failure is reported to `on_error` (the consumer counts it in
@@ -10,17 +11,16 @@ topic) drops records past `max_queue` waiting, and counts them.
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import logging
-import queue
-import random
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
+from tracejudge._shared.bounded_worker import UNHANDLED, Backoff, BoundedWorker
 from tracejudge._shared.rate_limited_log import RateLimitedLog
+
+from ..kafka import KafkaClients
 
 logger = logging.getLogger("tracejudge.consumer.kafka_writer")
 MAX_BACKOFF_S = 30.0
@@ -43,6 +43,9 @@ class _Item:
 
 
 class KafkaWriter:
+    """`producer_config`: the producer's options (`Settings.producer_config()`); the producer is built by
+    `clients` (default: KafkaClients on `bootstrap_servers` with these options) when the writer starts."""
+
     def __init__(
         self,
         bootstrap_servers: str,
@@ -53,6 +56,7 @@ class KafkaWriter:
         on_error: Callable[[], None] | None = None,
         base_backoff_s: float = 0.5,
         hint: str = "",
+        clients: KafkaClients | None = None,
         **producer_config: Any,
     ) -> None:
         self.topic = topic
@@ -60,21 +64,21 @@ class KafkaWriter:
         self.durable = durable
         self.on_error = on_error
         self.max_queue = max_queue
-        self.base_backoff_s = base_backoff_s
-        self.config = {"bootstrap_servers": bootstrap_servers, "client_id": "tracejudge-writer", **producer_config}
-        self._queue: queue.SimpleQueue[_Item] = queue.SimpleQueue()  # C: a put takes no Python-level lock or condition
-        self._retry: list[tuple[float, int, _Item]] = []
-        self._order = itertools.count()
-        self._lock = threading.Lock()  # counters and the retry heap: written from callers, the worker, the producer
-        self._closing = threading.Event()
-        self._deadline = float("inf")
-        self._thread = threading.Thread(target=self._run, name=f"kafka-writer-{topic}", daemon=True)
+        self.client_id = producer_config.get("client_id", "tracejudge-writer")
+        self.clients = clients or KafkaClients(bootstrap_servers, producer_config)
         self._producer: Any = None
-        self._waiting = 0  # queued or awaiting a retry (not yet handed to the producer)
+        self._lock = threading.Lock()  # the counters: written from the worker and the producer's thread
         self._sent = 0
         self._failed = 0
-        self._dropped = 0
         self._log = RateLimitedLog(logger)
+        self._worker: BoundedWorker[_Item] = BoundedWorker(
+            self._send,
+            name=f"kafka-writer-{topic}",
+            max_queue=None if durable else max_queue,  # queued and awaiting a retry (not yet handed to the producer)
+            backoff=Backoff(base_backoff_s, MAX_BACKOFF_S, jitter=0.2),
+            on_drop=self._dropped,
+            start=False,
+        )
 
     @property
     def sent(self) -> int:
@@ -91,14 +95,11 @@ class KafkaWriter:
     @property
     def dropped(self) -> int:
         """Records given up: a best-effort writer's full queue, or still unwritten when the writer closed."""
-        with self._lock:
-            return self._dropped
+        return self._worker.dropped
 
     def start(self) -> KafkaWriter:
-        from kafka import KafkaProducer
-
-        self._producer = KafkaProducer(**self.config)
-        self._thread.start()
+        self._producer = self.clients.producer(self.client_id)
+        self._worker.start()
         return self
 
     def write(
@@ -112,37 +113,19 @@ class KafkaWriter:
         """Queue one record, never blocking; the returned event is set once the broker acknowledged it, and then
         `on_written` is called (on the producer's thread: it must be quick and not block)."""
         item = _Item(key, value, headers or [], on_written)
-        with self._lock:
-            if self._closing.is_set() or (not self.durable and self._waiting >= self.max_queue):
-                self._dropped += 1
-                dropped = self._dropped
-            else:
-                self._waiting += 1
-                dropped = 0
-        if dropped:
-            self._log.warning("writer for %r full or closed: record dropped (total %d)", self.topic, dropped)
-        else:
-            self._queue.put_nowait(item)
+        self._worker.put(item)
         return item.delivered
 
-    def _next(self) -> _Item | None:
-        with self._lock:
-            now = time.monotonic()
-            if self._retry and self._retry[0][0] <= now:
-                return heapq.heappop(self._retry)[2]
-            wait = min(0.1, self._retry[0][0] - now) if self._retry else 0.1
-        try:
-            return self._queue.get(timeout=max(0.001, wait))
-        except queue.Empty:
-            return None
+    def _dropped(self, count: int, reason: str) -> None:
+        if reason == UNHANDLED:
+            logger.warning(
+                "writer for %r closed with %d records unwritten (their offsets stay uncommitted)", self.topic, count
+            )
+        else:
+            self._log.warning("writer for %r full or closed: record dropped (total %d)", self.topic, self.dropped)
 
-    def _run(self) -> None:
-        while not self._closing.is_set() or (not self._queue.empty() and time.monotonic() < self._deadline):
-            item = self._next()
-            if item is None:
-                continue
-            with self._lock:
-                self._waiting = max(0, self._waiting - 1)
+    def _send(self, batch: list[_Item]) -> None:
+        for item in batch:
             item.attempts += 1
             try:
                 future = self._producer.send(self.topic, key=item.key, value=item.value, headers=item.headers)
@@ -162,17 +145,11 @@ class KafkaWriter:
                 logger.exception("the callback of a record written to %r failed", self.topic)
 
     def _send_failed(self, item: _Item, exc: BaseException) -> None:
-        """Count it and retry after a backoff (from the producer's thread or the worker)."""
-        backoff = min(MAX_BACKOFF_S, self.base_backoff_s * 2 ** min(item.attempts - 1, 16))
+        """Count it and retry after a backoff (from the producer's thread or the worker); dropped once closing."""
         with self._lock:
             self._failed += 1
             failed = self._failed
-            if self._closing.is_set() or (not self.durable and len(self._retry) >= self.max_queue):
-                self._dropped += 1
-            else:
-                self._waiting += 1
-                due = time.monotonic() + backoff * random.uniform(0.8, 1.2)
-                heapq.heappush(self._retry, (due, next(self._order), item))
+        self._worker.retry(item, self._worker.backoff.delay(item.attempts))
         self._log.warning(
             "writing to %r failed: %r (retrying; %d failures so far)%s", self.topic, exc, failed, self.hint
         )
@@ -189,9 +166,8 @@ class KafkaWriter:
         """
         if self._producer is None:
             return
-        deadline = self._deadline = time.monotonic() + timeout_s
-        self._closing.set()
-        self._thread.join(max(0.0, deadline - time.monotonic()))
+        deadline = time.monotonic() + timeout_s
+        self._worker.close(timeout_s)
         try:
             self._producer.flush(timeout=max(0.1, deadline - time.monotonic()))
         except Exception as exc:
@@ -200,13 +176,4 @@ class KafkaWriter:
             self._producer.close(timeout=max(0.1, deadline - time.monotonic()))
         except Exception as exc:
             logger.warning("closing the writer for %r: %r", self.topic, exc)
-        with self._lock:
-            left = self._waiting
-            self._waiting = 0
-            self._dropped += left
-            self._retry.clear()
-        if left:
-            logger.warning(
-                "writer for %r closed with %d records unwritten (their offsets stay uncommitted)", self.topic, left
-            )
         self._producer = None

@@ -4,8 +4,9 @@ The SDK's BatchSpanProcessor counts a span as done when it is queued, so a judge
 while the collector answered 503 and a kill -9 then loses it. Here each judgement's spans and log records carry a
 `Ticket`; a batch the exporter reports FAILURE for is logged and retried with backoff (never dropped), and a
 ticket is set only when everything it covers was exported. It sits behind the SDK's Simple*Processor (which hands
-each finished item over synchronously, on the emitting thread, in the SDK version's own types), and batches on one
-worker thread of its own, as the SDK's batch processor does; shutdown passes its deadline on.
+each finished item over synchronously, on the emitting thread, in the SDK version's own types), and batches on the
+shared bounded worker (one thread, as the SDK's batch processor); shutdown passes its deadline on. Its queue is not
+bounded here: the consumer's backpressure bounds the judgements awaiting their tickets.
 """
 
 from __future__ import annotations
@@ -13,11 +14,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+from tracejudge._shared.bounded_worker import Backoff, BoundedWorker
 from tracejudge._shared.rate_limited_log import RateLimitedLog
 
 logger = logging.getLogger("tracejudge.consumer.outputs")
@@ -78,47 +79,36 @@ class AcknowledgingExporter:
     ) -> None:
         self._export = export
         self._shutdown_exporter = shutdown_exporter
-        self.max_batch = max_batch
-        self.schedule_delay_s = schedule_delay_s
         self.on_error = on_error
-        self.max_backoff_s = max_backoff_s
-        self._queue: deque[tuple[Any, Ticket | None]] = deque()
-        self._cond = threading.Condition()
-        self._stopping = False
-        self._flush_requested = 0
-        self._backoff_s = 0.0
         self.exported = 0
         self.failures = 0
         self._log = RateLimitedLog(logger, interval_s=30.0)
-        self._thread = threading.Thread(target=self._run, name=f"tracejudge-{name}-export", daemon=True)
-        self._thread.start()
+        # A failed batch stays at the front of the queue, in order, and is tried again after a backoff.
+        self._worker: BoundedWorker[tuple[Any, Ticket | None]] = BoundedWorker(
+            self._send,
+            name=f"tracejudge-{name}-export",
+            max_batch=max_batch,
+            linger_s=schedule_delay_s,
+            backoff=Backoff(0.5, max_backoff_s),
+        )
 
     # -- the exporter interface the SDK's Simple*Processor calls ------------------------------------------------------
 
     def export(self, items: Sequence[Any]) -> Any:
         ticket = getattr(_current, "ticket", None)
-        with self._cond:
-            for item in items:
-                self._queue.append((item, ticket))
-            if len(self._queue) >= self.max_batch:
-                self._cond.notify()
+        for item in items:
+            self._worker.put((item, ticket))
         return _SUCCESS
 
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
-        deadline = time.monotonic() + timeout_millis / 1000
-        with self._cond:
-            self._flush_requested += 1
-            self._cond.notify()
-            while self._queue and time.monotonic() < deadline:
-                self._cond.wait(min(0.05, max(0.0, deadline - time.monotonic())))
-            return not self._queue
+        return self._worker.flush(timeout_millis / 1000)
 
     def shutdown(self, timeout_millis: int = 30_000) -> None:
-        self.force_flush(timeout_millis)
-        with self._cond:
-            self._stopping = True
-            self._cond.notify()
-        self._thread.join(max(0.1, timeout_millis / 1000))
+        """Retries what is queued until the deadline; what is still unexported then stays unacknowledged (its
+        offsets are not committed)."""
+        deadline = time.monotonic() + timeout_millis / 1000
+        self._worker.flush(timeout_millis / 1000)
+        self._worker.close(max(0.0, deadline - time.monotonic()))
         if self._shutdown_exporter is not None:
             try:
                 self._shutdown_exporter()
@@ -127,35 +117,18 @@ class AcknowledgingExporter:
 
     @property
     def pending(self) -> int:
-        with self._cond:
-            return len(self._queue)
+        return self._worker.pending
 
     # -- the worker --------------------------------------------------------------------------------------------------
 
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                if not self._stopping and len(self._queue) < self.max_batch and not self._flush_requested:
-                    self._cond.wait(self.schedule_delay_s + self._backoff_s)
-                if self._stopping and (not self._queue or self._backoff_s):
-                    return  # what is still unexported stays unacknowledged: its offsets are not committed
-                self._flush_requested = 0
-                batch = [self._queue.popleft() for _ in range(min(self.max_batch, len(self._queue)))]
-            if not batch:
-                continue
-            ok = self._try_export([item for item, _ in batch])
-            if ok:
-                self._backoff_s = 0.0
-                self.exported += len(batch)
-                for _, ticket in batch:
-                    if ticket is not None:
-                        ticket.done()
-            else:
-                with self._cond:
-                    self._queue.extendleft(reversed(batch))  # kept, in order, for the next attempt
-                self._backoff_s = min(self.max_backoff_s, max(0.5, self._backoff_s * 2))
-            with self._cond:
-                self._cond.notify_all()
+    def _send(self, batch: list[tuple[Any, Ticket | None]]) -> bool:
+        if not self._try_export([item for item, _ in batch]):
+            return False  # kept, in order, for the next attempt
+        self.exported += len(batch)
+        for _, ticket in batch:
+            if ticket is not None:
+                ticket.done()
+        return True
 
     def _try_export(self, items: list[Any]) -> bool:
         error: Exception | None = None

@@ -28,14 +28,12 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import heapq
 import hmac
 import http.client
 import itertools
 import json
 import logging
 import math
-import queue
 import socket
 import threading
 import time
@@ -49,11 +47,15 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from tracejudge._shared.bounded_worker import Backoff, BoundedWorker
 from tracejudge._shared.rate_limited_log import RateLimitedLog
 
 from ..judging.judgement import Judgement
 from ..judging.results import result_record
-from ..topic_reader import partitions_for, records_to_end, stall_bound_s
+from ..kafka import KafkaClients, TopicPartition
+from ..kafka.connect import reaching_kafka
+from ..kafka.reader import partitions_for, records_to_end, stall_bound_s
+from ..kafka.topics import NOTIFICATIONS, TopicLayout, TopicSpec, ensure_topics
 
 logger = logging.getLogger("tracejudge.consumer.notify")
 OUTPUT = "notify"  # its label in tracejudge_output_errors_total
@@ -64,9 +66,8 @@ MAX_BACKOFF_S = 30.0
 ATTEMPT_TIMEOUT_S = 5.0  # one POST; the delivery thread is the only one that waits for it
 MAX_ANSWER_BYTES = 64 * 1024  # of an endpoint's answer, read and dropped (only its status matters)
 GIVE_UP_LOG_INTERVAL_S = 60.0
-# The delivered-ids topic: compacted (one record per result and URL), and what is older than a week deleted (a replay
-# reaches further back only after a reset); its size is bounded by the rate limit.
-TOPIC_CONFIGS = {"cleanup.policy": "compact,delete", "retention.ms": str(7 * 86_400_000)}
+# The delivered-ids topic's settings: the registry's (compacted, a week's retention).
+TOPIC_CONFIGS = dict(NOTIFICATIONS.configs)
 REMEMBERED_IDS = 100_000  # result ids kept in memory for "never twice"; older ones are forgotten first
 
 
@@ -270,36 +271,25 @@ class DeliveredIds:
         self.topic_configs = {**(topic_configs or {}), **TOPIC_CONFIGS}
 
     def ensure_topic(self) -> None:
-        """Created compacted if missing (replication: --replication-factor, else the cluster's default); a cluster
-        that refuses leaves it to auto-creation, said once."""
-        from kafka.admin import KafkaAdminClient, NewTopic
-        from kafka.errors import TopicAlreadyExistsError
-
-        admin = KafkaAdminClient(bootstrap_servers=self.bootstrap_servers, **_admin_options(self.consumer_config))
-        try:
-            if self.topic not in set(admin.list_topics()):
-                replication = self.replication_factor if self.replication_factor is not None else -1
-                admin.create_topics([NewTopic(self.topic, 1, replication, topic_configs=self.topic_configs)])
-        except TopicAlreadyExistsError:
-            pass
-        except Exception as exc:
-            logger.warning("creating %s failed (%r): it is left to the cluster's auto-creation", self.topic, exc)
-        finally:
-            admin.close()
+        """Created as every internal topic is (kafka/topics.py's one policy, its NOTIFICATIONS entry): if missing,
+        one partition, compacted, --replication-factor (else the cluster's default) and --internal-topic-config; a
+        pre-created one is used as it is. A refusal is one line and an exit code (77: pre-create it; 78: a layout
+        the cluster refuses), never a topic left to auto-creation with the wrong cleanup policy."""
+        spec = TopicSpec(self.topic, NOTIFICATIONS.partitions or 1, self.topic_configs, checked=False)
+        with reaching_kafka(self.bootstrap_servers, self.consumer_config):
+            with KafkaClients(self.bootstrap_servers, self.consumer_config).admin() as admin:
+                ensure_topics(admin, [spec], TopicLayout(self.replication_factor))
 
     def load(self, stop: threading.Event | None = None) -> set[tuple[str, str]]:
         """Every (result id, url) delivered so far, read to the high watermark of the topic (however slow the broker:
         a short read would send them again); the reader stays open for `follow`. A topic without partitions yet (just
         created) holds nothing: `follow` waits for them. A broker that stops answering (no progress for the stall
-        bound of topic_reader: the bootstrap timeout, at least 15 s) fails the start with KafkaUnreachable (exit 69):
+        bound of kafka.reader: the bootstrap timeout, at least 15 s) fails the start with KafkaUnreachable (exit 69):
         starting without the ids would send them again."""
-        from kafka import KafkaConsumer, TopicPartition
-
         from .._logging import quiet_kafka_connections
 
-        self._reader = consumer = KafkaConsumer(
-            bootstrap_servers=self.bootstrap_servers, **{**self.consumer_config, "enable_auto_commit": False}
-        )
+        clients = KafkaClients(self.bootstrap_servers, self.consumer_config)
+        self._reader = consumer = clients.consumer("tracejudge-notify-ids")  # assigned by hand, no group
         what = f"the delivered notifications {self.topic!r}"
         stall_s = stall_bound_s(self.consumer_config)
         try:
@@ -318,8 +308,6 @@ class DeliveredIds:
         """Keep reading what the other replicas of the group deliver (a rebalance hands their uncommitted
         conversations here); on its own thread until `stop`. Partitions not known yet (a topic just created, its
         metadata not yet everywhere) are waited for, then read from their beginning."""
-        from kafka import TopicPartition
-
         consumer: Any = getattr(self, "_reader", None)
         if consumer is None:
             return
@@ -368,12 +356,6 @@ def _delivered(records: Iterable[Any]) -> set[tuple[str, str]]:
     return found
 
 
-def _admin_options(config: dict[str, Any]) -> dict[str, Any]:
-    from kafka.admin import KafkaAdminClient
-
-    return {k: v for k, v in config.items() if k in KafkaAdminClient.DEFAULT_CONFIG}
-
-
 class Notifier:
     """A result sink (`emit`); `start()` loads the delivered ids and starts the delivery thread, `close()` stops it."""
 
@@ -408,7 +390,7 @@ class Notifier:
         self.instruments = instruments or NotificationInstruments(CollectorRegistry())
         self.on_error = on_error
         self.delivered_ids = delivered_ids
-        self.base_backoff_s = base_backoff_s
+        self.backoff = Backoff(base_backoff_s, MAX_BACKOFF_S)
         self.clock = clock
         self.on_fatal = on_fatal
         self._seen: OrderedDict[str, None] = OrderedDict()
@@ -419,11 +401,11 @@ class Notifier:
         self._outstanding: dict[str, list[_Post]] = {}  # result id -> its posts not done yet (a duplicate waits)
         self._unposted: dict[int, _Post] = {}  # posts not yet taken by an endpoint, oldest first (the horizon)
         self._seq = itertools.count()
-        self._queue: queue.SimpleQueue[_Post | None] = queue.SimpleQueue()
-        self._retry: list[tuple[float, int, _Post]] = []
-        self._order = itertools.count()
         self._closing = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="tracejudge-notify", daemon=True)
+        # One delivery thread; its queue is bounded by the rate limit. A retry waits for its post's own backoff.
+        self._delivery: BoundedWorker[_Post] = BoundedWorker(
+            self._deliver, name="tracejudge-notify", backoff=self.backoff, on_error=self._delivery_failed, start=False
+        )
         self._timer = threading.Thread(target=self._expiring, name="tracejudge-notify-expiry", daemon=True)
         self._inflight: _Post | None = None  # the post being attempted: its own attempt ends by its horizon
         self._failures = RateLimitedLog(logger, interval_s=60.0)
@@ -445,7 +427,7 @@ class Notifier:
                 name="tracejudge-notify-ids",
                 daemon=True,
             ).start()
-        self._thread.start()
+        self._delivery.start()
         self._timer.start()
         return self
 
@@ -464,7 +446,7 @@ class Notifier:
             posts, waits = self._admit(record)
             for post in posts:
                 self.instruments.pending.inc()
-                self._queue.put(post)
+                self._delivery.put(post)
                 done.append(post.done)
             done.extend(waits)  # a duplicate of a result still being posted: its commit waits for that post
         return done
@@ -535,49 +517,27 @@ class Notifier:
 
     # -- the delivery thread -------------------------------------------------------------------------------------
 
-    def _next(self) -> _Post | None:
-        """The next post due: a retry whose time has come, else a new one (waiting at most until the next retry)."""
-        now = self.clock()
-        if self._retry and self._retry[0][0] <= now:
-            return heapq.heappop(self._retry)[2]
-        wait = min(0.5, self._retry[0][0] - now) if self._retry else 0.5
-        try:
-            return self._queue.get(timeout=max(0.0, wait))
-        except queue.Empty:
-            return None
+    def _deliver(self, posts: list[_Post]) -> None:
+        self._expire()
+        for post in posts:
+            if not post.done.is_set():  # else given up when its horizon passed while it waited
+                self._attempt(post)
 
-    def _run(self) -> None:
-        while True:
-            try:
-                self._deliver()
-                return
-            except Exception as exc:  # never dies in silence: counted, said, and the owner told
-                self._count_error()
-                if self.on_fatal is not None:
-                    logger.exception(
-                        "the notifications' delivery thread failed; the consumer stops (notifications not delivered "
-                        "keep their conversations uncommitted: a restart sends them). Please report this error."
-                    )
-                    self.on_fatal(exc)
-                    return
-                self._failures.warning(
-                    "the notifications' delivery thread failed (it goes on): %r. Please report this error.",
-                    exc,
-                    exc_info=True,
-                )
-                self._closing.wait(1.0)  # a fault that repeats does not spin
-
-    def _deliver(self) -> None:
-        while not (self._closing.is_set() and self._queue.empty() and not self._retry):
-            self._expire()
-            post = self._next()
-            if post is None:
-                if self._closing.is_set() and self._queue.empty():
-                    break  # what is left waits for a retry: left undelivered (its conversation uncommitted)
-                continue
-            if post.done.is_set():
-                continue  # given up when its horizon passed while it waited
-            self._attempt(post)
+    def _delivery_failed(self, exc: Exception) -> bool:
+        """An unexpected error on the delivery thread: never in silence. Counted, said, and the owner told (the
+        thread then ends); without an owner the thread goes on, after a backoff (a fault that repeats does not spin)."""
+        self._count_error()
+        if self.on_fatal is not None:
+            logger.exception(
+                "the notifications' delivery thread failed; the consumer stops (notifications not delivered "
+                "keep their conversations uncommitted: a restart sends them). Please report this error."
+            )
+            self.on_fatal(exc)
+            return False
+        self._failures.warning(
+            "the notifications' delivery thread failed (it goes on): %r. Please report this error.", exc, exc_info=True
+        )
+        return True
 
     def _expire(self) -> None:
         """Give up every post whose retry horizon has passed, oldest first, wherever it waits (the one being
@@ -621,7 +581,7 @@ class Notifier:
             return
         self._count_error()
         elapsed = self.clock() - post.first_at
-        delay = min(MAX_BACKOFF_S, self.base_backoff_s * 2 ** (post.attempts - 1))
+        delay = self.backoff.delay(post.attempts)
         if not retryable or elapsed + delay >= self.retry_for_s:
             self._give_up(post, elapsed, problem)
             return
@@ -631,7 +591,7 @@ class Notifier:
             problem,
             self.retry_for_s,
         )
-        heapq.heappush(self._retry, (self.clock() + delay, next(self._order), post))
+        self._delivery.retry(post, delay)
 
     def _count_error(self) -> None:
         if self.on_error is not None:
@@ -716,9 +676,7 @@ class Notifier:
     def close(self, timeout_s: float = 10.0) -> None:
         """Deliver what is queued within the deadline; what is left stays undelivered (and uncommitted)."""
         self._closing.set()
-        self._queue.put(None)
-        if self._thread.is_alive():
-            self._thread.join(timeout_s)
+        self._delivery.close(timeout_s)
         if self._timer.is_alive():
             self._timer.join(1.0)
         if self.delivered_ids is not None:

@@ -6,8 +6,10 @@ kafka-python; changing the client is this package's work.
 The names the rest of the consumer needs from the client are re-exported here, so a module imports them from the
 seam, never from `kafka`."""
 
+from kafka import AsyncConsumerRebalanceListener as RebalanceListener
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import KafkaAdminClient
+from kafka.errors import KafkaError, KafkaTimeoutError
 from kafka.structs import OffsetAndMetadata
 
 from .clients import KafkaClients
@@ -16,7 +18,10 @@ __all__ = [
     "KafkaAdminClient",
     "KafkaClients",
     "KafkaConsumer",
+    "KafkaError",
     "KafkaProducer",
+    "KafkaTimeoutError",
     "OffsetAndMetadata",
+    "RebalanceListener",
     "TopicPartition",
 ]

@@ -15,8 +15,12 @@ from kafka.coordinator.assignors.cooperative_sticky import CooperativeStickyAssi
 
 from tracejudge._shared.kafka_options import construct_client
 
-BOOTSTRAP_TIMEOUT_MS = 10_000  # a broker that does not answer within this is reported as unreachable
-RECONNECT_BACKOFF_MAX_MS = 1_000  # kafka-python's default (30 s) leaves a recovered broker unused for that long
+# How long the first connection to the brokers may take before the command stops with one line (kafka-python's own
+# default is 30 s of retries); `--kafka-config bootstrap_timeout_ms=MS` changes it.
+BOOTSTRAP_TIMEOUT_MS = 5_000
+# After a broker outage clients reconnect within a second, as the Java clients do (kafka-python backs off up to
+# 30 s, which kept a consumer idle for half a minute after its broker came back).
+RECONNECT_BACKOFF_MAX_MS = 1_000
 CLIENT_DEFAULTS: dict[str, Any] = {
     "bootstrap_timeout_ms": BOOTSTRAP_TIMEOUT_MS,
     "reconnect_backoff_max_ms": RECONNECT_BACKOFF_MAX_MS,
@@ -57,18 +61,29 @@ class KafkaClients:
         bootstrap_servers: str,
         options: Mapping[str, Any] | None = None,
         *,
-        consumer_factory: Callable[..., Any] = KafkaConsumer,
-        producer_factory: Callable[..., Any] = KafkaProducer,
-        admin_factory: Callable[..., Any] = KafkaAdminClient,
+        consumer_factory: Callable[..., Any] | None = None,
+        producer_factory: Callable[..., Any] | None = None,
+        admin_factory: Callable[..., Any] | None = None,
     ) -> None:
         self.bootstrap_servers = bootstrap_servers
         self.options = dict(options or {})
-        self.consumer_factory = consumer_factory
-        self.producer_factory = producer_factory
-        self.admin_factory = admin_factory
+        self._factories = (consumer_factory, producer_factory, admin_factory)
+
+    # kafka-python's classes are looked up when a client is built, not when this is: a test may swap them.
+    @property
+    def consumer_factory(self) -> Callable[..., Any]:
+        return self._factories[0] or KafkaConsumer
+
+    @property
+    def producer_factory(self) -> Callable[..., Any]:
+        return self._factories[1] or KafkaProducer
+
+    @property
+    def admin_factory(self) -> Callable[..., Any]:
+        return self._factories[2] or KafkaAdminClient
 
     @classmethod
-    def from_settings(cls, settings: Any, **factories: Callable[..., Any]) -> KafkaClients:
+    def from_settings(cls, settings: Any, **factories: Callable[..., Any] | None) -> KafkaClients:
         """From the consumer's Settings (`bootstrap_servers`, `kafka_config`)."""
         return cls(settings.bootstrap_servers, settings.kafka_config, **factories)
 
@@ -79,7 +94,7 @@ class KafkaClients:
         return producer_options(self.options)
 
     def _build(self, factory: Callable[..., Any], config: dict[str, Any]) -> Any:
-        if factory in (KafkaConsumer, KafkaProducer):
+        if isinstance(factory, type) and issubclass(factory, KafkaConsumer | KafkaProducer):
             return construct_client(factory, **config)
         return factory(**config)
 

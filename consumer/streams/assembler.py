@@ -18,35 +18,33 @@ their own modules, as Kafka Streams separates them:
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 from collections.abc import Callable
 from typing import Any
 
-from kafka import AsyncConsumerRebalanceListener, KafkaConsumer, KafkaProducer, TopicPartition
-from kafka.coordinator.assignors.cooperative_sticky import CooperativeStickyAssignor
-from kafka.structs import OffsetAndMetadata
-
 from ..conversation.job import JudgeJob
 from ..conversation.table import COMPLETED, OPEN, MemoryBound
 from ..emit.prometheus import ConsumerInstruments
+from ..kafka import KafkaClients, KafkaConsumer, OffsetAndMetadata, RebalanceListener, TopicPartition
+from ..kafka.membership import close_leaving, guard_membership
+from ..kafka.topics import InternalTopics
 from ..settings import Settings
 from .bounds import MemoryBounds
 from .clock import StreamClock
 from .commit import Committer
 from .instruments import StreamsInstruments
-from .membership import close_leaving, guard_membership
 from .processor import Processor
 from .record_collector import RecordCollector
 from .state_manager import StateManager
 from .task import Task, active
-from .topics import InternalTopics
 
 logger = logging.getLogger("tracejudge.consumer.streams")
 RESTORE_RECORDS = 10_000  # records a poll of the changelog may return: restoration reads in bulk
 RESTORE_FETCH_BYTES = 8 * 1024 * 1024  # per partition and fetch (kafka-python's default is 1 MiB)
 
 
-class Assembler(AsyncConsumerRebalanceListener):
+class Assembler(RebalanceListener):
     """The stream thread: it owns the tasks and the clients; `step` is one round, `commit` one commit."""
 
     def __init__(
@@ -57,8 +55,7 @@ class Assembler(AsyncConsumerRebalanceListener):
         select: Callable[[JudgeJob], bool],
         *,
         partitions: int,
-        consumer_factory: Callable[..., KafkaConsumer] = KafkaConsumer,
-        producer_factory: Callable[..., KafkaProducer] = KafkaProducer,
+        clients: KafkaClients,
     ) -> None:
         self.settings = settings
         self.prometheus = prometheus
@@ -67,10 +64,10 @@ class Assembler(AsyncConsumerRebalanceListener):
         self.topics = InternalTopics(settings.group_id)
         self.memory = MemoryBound(settings.max_state_bytes)
         self.tasks: dict[int, Task] = {}
-        self.consumer_factory = consumer_factory
+        self.clients = clients
         self.group: KafkaConsumer | None = None
         self.side: KafkaConsumer | None = None
-        self.collector = RecordCollector(settings, prometheus, self.topics, producer_factory)
+        self.collector = RecordCollector(settings, prometheus, self.topics, clients)
         self.state = StateManager(settings, self.memory, instruments)
         self.processor = Processor(
             self.collector,
@@ -89,6 +86,9 @@ class Assembler(AsyncConsumerRebalanceListener):
         self._side_assignment: set[TopicPartition] = set()
         self._side_owners: dict[TopicPartition, int] = {}
         self._lag_reported: set[int] = set()
+        # What the rebalance listener learned on kafka-python's IO thread, applied by the stream thread (`_rebalanced`)
+        # right after the poll that ran it: ("assigned" | "revoked" | "lost", partitions), in the order it came.
+        self._rebalances: queue.SimpleQueue[tuple[str, set[int]]] = queue.SimpleQueue()
 
     # -- lifecycle -------------------------------------------------------------------------------------------------
 
@@ -97,31 +97,20 @@ class Assembler(AsyncConsumerRebalanceListener):
 
     def open(self) -> None:
         settings = self.settings
-        common = settings.consumer_config()
-        group_config: dict[str, Any] = {
-            "bootstrap_servers": settings.bootstrap_servers,
-            "group_id": settings.group_id,
-            "client_id": "tracejudge-assembler",
-            "enable_auto_commit": False,
-            "auto_offset_reset": settings.start_from,
-            "max_poll_records": 500,
-            "partition_assignment_strategy": [CooperativeStickyAssignor],
-            **common,
-        }
-        if settings.group_instance_id:
-            group_config["group_instance_id"] = settings.group_instance_id
         self.collector.open()
-        side_config = {k: v for k, v in common.items() if k not in ("group_id", "group_instance_id")}
-        self.side = self.consumer_factory(
-            bootstrap_servers=settings.bootstrap_servers,
-            client_id="tracejudge-restore",
-            enable_auto_commit=False,
-            group_id=None,
-            auto_offset_reset="earliest",
+        self.side = self.clients.consumer(
+            "tracejudge-restore",
             max_poll_records=RESTORE_RECORDS,
-            **{"max_partition_fetch_bytes": RESTORE_FETCH_BYTES, "fetch_max_wait_ms": 50, **side_config},
+            max_partition_fetch_bytes=RESTORE_FETCH_BYTES,
+            fetch_max_wait_ms=50,
         )
-        self.group = self.consumer_factory(**group_config)
+        self.group = self.clients.member(
+            "tracejudge-assembler",
+            settings.group_id,
+            instance_id=settings.group_instance_id,
+            auto_offset_reset=settings.start_from,
+            max_poll_records=500,
+        )
         guard_membership(self.group)
         self.group.subscribe([settings.topic], listener=self)
 
@@ -130,6 +119,7 @@ class Assembler(AsyncConsumerRebalanceListener):
         assert self.group is not None and self.side is not None
         restoring = any(task.restoring for task in self.tasks.values())
         batches = self.group.poll(timeout_ms=0 if restoring else 100, max_records=500)
+        self._rebalanced()
         self._sync_side()
         for tp, records in batches.items():
             task = self.tasks.get(tp.partition)
@@ -138,8 +128,7 @@ class Assembler(AsyncConsumerRebalanceListener):
                 continue
             for record in records:
                 self.processor.input(task, record)
-            task.input_position = records[-1].offset + 1
-            task.positions_dirty = True
+            task.input_read(records[-1].offset + 1)
         wait = 0 if batches else 50
         side = self.side.poll(timeout_ms=wait, max_records=RESTORE_RECORDS) if self._side_assignment else {}
         for tp, records in side.items():
@@ -147,16 +136,11 @@ class Assembler(AsyncConsumerRebalanceListener):
             if task is None:
                 continue
             if tp.topic == self.topics.changelog:
-                if task.restoring:
-                    self.instruments.restored.inc(len(records))
-                    for record in records:
-                        self.state.restore(task, record)
-                    task.changelog_position = records[-1].offset + 1
+                self.state.restore_records(task, records)
             elif not task.restoring:
                 for record in records:
                     self.processor.repartitioned(task, record)
-                task.repartition_position = records[-1].offset + 1
-                task.positions_dirty = True
+                task.repartition_read(records[-1].offset + 1)
         self.complete_restorations()
         tasks = self.tasks.values()
         self.clock.probe(tasks, self.group, self.side)
@@ -169,8 +153,9 @@ class Assembler(AsyncConsumerRebalanceListener):
 
     def close(self, grace_s: float) -> None:
         """Commit what is done, then leave the group (`membership`): the partitions move at once, restored by their next
-        owner from what was just committed."""
+        owner from what was just committed (closing revokes them: nothing is left to flush then)."""
         try:
+            self._rebalanced()
             offsets = self._flush(set(self.tasks))
             if offsets and self.group is not None:
                 self.group.commit(offsets)
@@ -185,11 +170,19 @@ class Assembler(AsyncConsumerRebalanceListener):
             except Exception as exc:
                 logger.warning("closing a consumer: %r", exc)
         self.collector.close(grace_s)
+        while not self._rebalances.empty():  # the revocation of closing: flushed and committed above
+            self._rebalances.get_nowait()
         for task in self.tasks.values():
             self.state.close_task(task)
+        self.tasks.clear()
         self.state.close()
 
-    # -- rebalance (kafka-python's IO thread, while the stream thread waits in poll()) -------------------------------
+    # -- rebalance -------------------------------------------------------------------------------------------------
+    # The listener runs on kafka-python's IO thread while the stream thread waits in poll(): it only pauses what was
+    # assigned (the group consumer's fetch state, before its next fetch) and queues what it learned. The stream
+    # thread applies that right after the poll returns (`_rebalanced`), before it reads anything: a revoked task is
+    # flushed and committed before the next poll, and a partition revoked in a cooperative rebalance reaches its next
+    # owner only in the follow-up rebalance, which that next poll joins.
 
     def _mine(self, partitions: Any) -> set[int]:
         return {tp.partition for tp in partitions if tp.topic == self.settings.topic}
@@ -200,29 +193,52 @@ class Assembler(AsyncConsumerRebalanceListener):
             return
         assert self.group is not None
         self.group.pause(*[TopicPartition(self.settings.topic, p) for p in mine])  # processed once restored
-        for partition in mine:
-            self.tasks[partition] = self.state.new_task(partition)
-        logger.info("partitions assigned: %s (restoring their state)", sorted(mine))
+        self._rebalances.put(("assigned", mine))
 
     async def on_partitions_revoked(self, revoked: Any) -> None:
-        mine = self._mine(revoked) & set(self.tasks)
+        mine = self._mine(revoked)
+        if mine:
+            self._rebalances.put(("revoked", mine))
+
+    async def on_partitions_lost(self, lost: Any) -> None:
+        mine = self._mine(lost)
+        if mine:
+            self._rebalances.put(("lost", mine))
+
+    def _rebalanced(self) -> None:
+        """What the listener queued, applied on the stream thread in the order it came."""
+        while True:
+            try:
+                what, partitions = self._rebalances.get_nowait()
+            except queue.Empty:
+                return
+            if what == "assigned":
+                self._drop(partitions & set(self.tasks))  # a task still here (lost, then assigned again) starts anew
+                for partition in partitions:
+                    self.tasks[partition] = self.state.new_task(partition)
+                logger.info("partitions assigned: %s (restoring their state)", sorted(partitions))
+            elif what == "revoked":
+                self._revoke(partitions & set(self.tasks))
+            else:
+                mine = partitions & set(self.tasks)
+                self._drop(mine)  # evicted: a commit would be refused; the new owner restores the last flushed state
+                if mine:
+                    logger.warning(
+                        "partitions lost: %s (the new owner restores their last committed state)", sorted(mine)
+                    )
+
+    def _revoke(self, mine: set[int]) -> None:
         if not mine:
             return
         assert self.group is not None
         try:
             offsets = self._flush(mine, timeout_s=5.0, revoking=True)  # the new owner restores what we flush now
             if offsets:
-                await self.group.commit_async(offsets)
+                self.group.commit(offsets)
         except Exception as exc:
             logger.warning("commit on revocation failed (the new owner re-reads from the last commit): %r", exc)
         self._drop(mine)
         logger.info("partitions revoked: %s (state handed over through the changelog)", sorted(mine))
-
-    async def on_partitions_lost(self, lost: Any) -> None:
-        mine = self._mine(lost) & set(self.tasks)
-        self._drop(mine)  # evicted: a commit would be refused; the new owner restores the last flushed state
-        if mine:
-            logger.warning("partitions lost: %s (the new owner restores their last committed state)", sorted(mine))
 
     def _drop(self, partitions: set[int]) -> None:
         for partition in partitions:
@@ -256,22 +272,14 @@ class Assembler(AsyncConsumerRebalanceListener):
         self._side_owners = owners
 
     def complete_restorations(self) -> None:
-        """Each restoring task whose changelog was read to its end becomes active: its input partition resumes."""
+        """The state manager decides which restoring tasks are done (`StateManager.complete_restorations`); their
+        input partitions resume. A task it replaced (a store distrusted) gets its changelog partition sought to 0 by
+        `_sync_side`."""
         assert self.side is not None and self.group is not None
-        for task in self.tasks.values():
-            if not task.restoring:
-                continue
-            tp = TopicPartition(self.topics.changelog, task.partition)
-            end = self.side.highwater(tp)
-            if end is not None and task.checkpointed is not None and task.checkpointed > end:
-                # A changelog younger than the store (the topic was recreated); `_sync_side` seeks the new task's
-                # changelog partition to 0.
-                self.tasks[task.partition] = self.state.distrust_store(task, end)
-                continue
-            if end is None or task.changelog_position < end:
-                continue
-            elsewhere = MemoryBounds.resident_open([t for t in self.tasks.values() if t is not task])
-            self.state.finish_restore(task, end, elsewhere)
+        side, changelog = self.side, self.topics.changelog
+        for task in self.state.complete_restorations(
+            self.tasks, lambda partition: side.highwater(TopicPartition(changelog, partition))
+        ):
             self.group.resume(TopicPartition(self.settings.topic, task.partition))
         if self.tasks and not any(task.restoring for task in self.tasks.values()):
             self.assigned.set()
@@ -290,6 +298,7 @@ class Assembler(AsyncConsumerRebalanceListener):
 
     def commit(self) -> None:
         assert self.group is not None
+        self._rebalanced()
         offsets = self._flush(set(self.tasks))
         if not offsets:
             return
@@ -301,7 +310,7 @@ class Assembler(AsyncConsumerRebalanceListener):
         for tp, meta in offsets.items():
             task = self.tasks.get(tp.partition)
             if task is not None:
-                task.committed_input = meta.offset
+                task.committed(meta.offset)
 
     def _recover_all(self) -> None:
         for task in active(self.tasks.values()):
@@ -336,11 +345,9 @@ class Assembler(AsyncConsumerRebalanceListener):
         self.instruments.bytes.set(self.memory.used)
         self.instruments.on_disk.set(sum(task.table.spilled_count for task in self.tasks.values()))
         for task in self.tasks.values():
-            for key, count in task.table.counts.items():
-                delta = count - task.reported.get(key, 0)
+            for key, delta in task.counted_since_reported().items():
                 if delta > 0 and key.startswith("forgotten_"):
                     self.instruments.forgotten.labels(reason=key.removeprefix("forgotten_")).inc(delta)
-                task.reported[key] = count
         if not lag or self.group is None:
             return
         for task in self.tasks.values():

@@ -1,7 +1,8 @@
 """Stream time: the clock by which a task's conversations go idle and complete (Kafka Streams' punctuation by
 stream time, with Flink's watermarks across the repartition shuffle).
 
-A task's clock is the highest record timestamp it has read, or the wall time at which a fetch answered after the
+A task's clock is the highest record timestamp it has read from its own input partition (never a routed event's:
+`Processor.repartitioned`), or the wall time at which a fetch answered after the
 last check found nothing left to read (`probe`); a lagging, paused or rebalancing task never makes its
 conversations idle, and a stale high watermark never passes for "caught up". Conversations with routed events
 complete by the slowest other source, whose clock each task broadcasts through the repartition topic.
@@ -13,10 +14,9 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from kafka import KafkaConsumer, TopicPartition
-
+from ..kafka import KafkaConsumer, TopicPartition
+from ..kafka.highwater import forget_highwater, restore_highwater
 from . import records as R
-from .probe import forget_highwater, restore_highwater
 from .record_collector import RecordCollector
 from .task import Task, active
 
@@ -108,16 +108,16 @@ class StreamClock:
                 ):
                     end = task.highwater_seen
             if end is not None:
-                task.highwater_seen = end
+                task.highwater_answered(end)
             if task.highwater_dropped_ms is not None and end is not None and position is not None and end <= position:
-                task.caught_up_ms = max(task.caught_up_ms, task.highwater_dropped_ms - FETCH_WAIT_MS)
+                task.caught_up(task.highwater_dropped_ms - FETCH_WAIT_MS)
             if end is not None and self._looks_caught_up(task, group, side):
                 if forget_highwater(group, tp):
-                    task.highwater_dropped_ms = at
+                    task.highwater_dropped(at)
                 else:
-                    task.caught_up_ms = max(task.caught_up_ms, at)
+                    task.caught_up(at)
             elif end is not None:
-                task.highwater_dropped_ms = None  # records still to read: no claim until caught up again
+                task.highwater_dropped(None)  # records still to read: no claim until caught up again
 
     def advance(self, tasks: Iterable[Task]) -> None:
         """Each active task's table to its clock: idle conversations complete (routed ones by the slowest source)."""

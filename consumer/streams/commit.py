@@ -11,14 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from kafka import TopicPartition
-from kafka.structs import OffsetAndMetadata
-
+from ..kafka import OffsetAndMetadata, TopicPartition
+from ..kafka.topics import InternalTopics
 from . import records as R
 from .record_collector import RecordCollector
 from .state_manager import StateManager
 from .task import Task
-from .topics import InternalTopics
 
 
 class Committer:
@@ -60,13 +58,8 @@ class Committer:
             return {}
         written: dict[int, dict[str, tuple[str, bytes | None]]] = {}
         for task in tasks:
-            changed, removed = task.table.take_changes()
-            for state in changed:
-                task.unflushed[state.id] = state
-            for cid in removed:
-                task.unflushed[cid] = None
             encoded = written[task.partition] = {}
-            for cid, unflushed in task.unflushed.items():
+            for cid, unflushed in task.stage_changes().items():
                 kind, value = (R.STATE_PACKED, None) if unflushed is None else R.encode_state(unflushed)
                 encoded[cid] = (kind, value)
                 collector.send(self.topics.changelog, cid, value, kind, partition=task.partition)
@@ -74,9 +67,7 @@ class Committer:
             return {}  # the changes stay unflushed and go out again at the next commit
         for task in tasks:
             self.state.store_changes(task, written[task.partition])  # after the changelog has them, as Kafka Streams
-            if task.unflushed:
-                task.positions_dirty = True
-            task.unflushed.clear()
+            task.changes_flushed()
             if task.positions_dirty:
                 collector.send(
                     self.topics.changelog,
@@ -91,8 +82,8 @@ class Committer:
         offsets: dict[TopicPartition, OffsetAndMetadata] = {}
         for task in tasks:
             if task.positions_dirty:
-                self.state.checkpoint(task)
-            task.positions_dirty = False
+                self.state.checkpoint(task)  # the positions record's acknowledgement was applied by `flushed`
+            task.positions_written()
             if task.input_position is not None and task.input_position != task.committed_input:
                 offsets[TopicPartition(self.topic, task.partition)] = OffsetAndMetadata(task.input_position, "", -1)
         return offsets

@@ -23,13 +23,13 @@ from ..conversation.reading import read_events
 from ..conversation.textless import TextlessSpans
 from ..emit.prometheus import ConsumerInstruments
 from ..judging.judgement import OUTCOME_SAMPLED_OUT
+from ..kafka.partitioner import state_partition
+from ..kafka.topics import InternalTopics
 from . import records as R
 from .clock import record_time
 from .instruments import StreamsInstruments
-from .partitioner import state_partition
 from .record_collector import RecordCollector
 from .task import Task, active
-from .topics import InternalTopics
 
 logger = logging.getLogger("tracejudge.consumer.streams")
 ROUTED_RECORD_BYTES = 512 * 1024
@@ -100,7 +100,7 @@ class Processor:
         """One record of the task's input partition: its events applied here or routed to their owner."""
         events, failure = read_events(record.value, max_bytes=self.max_record_bytes, textless=self.textless)
         ts = record_time(record)
-        task.watermark_ms = max(task.watermark_ms, ts)
+        task.input_record(ts)
         remote: dict[str, list[ConversationEvent]] = {}
         local = 0
         key = record.key
@@ -150,20 +150,24 @@ class Processor:
         return None
 
     def repartitioned(self, task: Task, record: Any) -> None:
-        """One record of the task's repartition partition: routed events, another source's watermark, or a verdict."""
+        """One record of the task's repartition partition: routed events, another source's watermark, or a verdict.
+
+        None of them moves the task's clock, which says how far its OWN input was read (it completes the
+        conversations and is broadcast as how far this partition has routed its records). A routed event carries the
+        time of the partition it was read from; a task whose repartition partition is read before its input backlog
+        (just restored: the manually assigned consumer fetches at once, the input resumes from its committed offset
+        later) took that time, claimed input it had not read, and an end marker completed a conversation whose turn
+        was still in that backlog. Watermarks and verdict acks are stamped with wall time: the same, worse. The
+        conversations with routed events complete by their sources' watermarks."""
         ts = record_time(record)
         kind = R.kind_of(record.headers)
         try:
             value = R.loads(record.value)
             if kind == R.WATERMARK:
-                source = int(value["source"])
-                task.sources[source] = max(task.sources.get(source, 0), int(value["ms"]))
+                task.source_watermark(int(value["source"]), int(value["ms"]))
                 return
             cid = record.key.decode("utf-8", "surrogatepass")
             if kind == R.EVENTS:
-                # Only routed events carry record time; watermarks and verdict acks are stamped with wall time, and
-                # taking theirs would move this clock (and what it broadcasts) past input not yet read.
-                task.watermark_ms = max(task.watermark_ms, ts)
                 for item in value["events"]:
                     self._apply(task, R.event_from_json(cid, item), ts, ordered=False)
             elif kind == R.VERDICT:

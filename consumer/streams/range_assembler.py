@@ -19,8 +19,8 @@ from ..conversation.job import JudgeJob
 from ..conversation.reading import read_events
 from ..conversation.table import OPEN, ConversationTable, Dispatch, MemoryBound
 from ..conversation.textless import TextlessSpans
+from ..kafka.partitioner import state_partition
 from ..settings import Settings
-from .partitioner import state_partition
 
 logger = logging.getLogger("tracejudge.backfill")
 

@@ -3,97 +3,30 @@
 One producer writes the internal topics (repartition, changelog, judge queue); a KafkaWriter sets malformed input
 aside in the dead-letter topic. A send that fails is remembered (`failed`) until the committer recovered from it,
 so nothing is committed past a record that was never written; `flushed` says whether everything sent was answered.
-
-kafka-python (3.0.12) wakes its sender thread each time a send opens or fills a batch: a byte down a socket pair, a
-system call that gives up the GIL, and a round of the sender's loop in Python while the stream thread waits to get
-the GIL back. That was a tenth of the stream thread's time (with the sender's extra rounds on top).
-`DeferredWakeup` holds those wake-ups while the stream thread sends and gives the sender one per round of the stream
-thread (`wake`, at the end of `Assembler.step`), as Kafka Streams' producer sends without waiting: a record waits at
-most one round (and `flush` wakes the sender at once), or until `WAKE_EVERY` wake-ups were held (a large burst
-goes out while it is being written). A send to a topic whose metadata the producer lacks is not deferred: its send
-waits on a metadata answer that needs the sender awake.
+The producer's answers (acknowledgements, failures) come on its sender thread: they are queued and applied on the
+stream thread (`answers`, at each `flushed`, `failed` and round), so a task's state and the failure change there only.
+Its producer's wake-ups are held per round of the stream thread (`kafka.wakeup.DeferredWakeup`).
 """
 
 from __future__ import annotations
 
 import logging
-import threading
-from collections.abc import Callable
+import queue
 from typing import Any
-
-from kafka import KafkaProducer
-from kafka.errors import KafkaTimeoutError
 
 from tracejudge._shared.rate_limited_log import RateLimitedLog
 
 from ..emit import KafkaWriter
 from ..emit.prometheus import ConsumerInstruments
+from ..kafka import KafkaClients, KafkaProducer, KafkaTimeoutError
+from ..kafka.topics import InternalTopics
+from ..kafka.wakeup import DeferredWakeup
 from ..settings import Settings
 from . import records as R
 from .task import Task
-from .topics import InternalTopics
 
 logger = logging.getLogger("tracejudge.consumer.streams")
 PRODUCER_BATCH_BYTES = 256 * 1024
-WAKE_EVERY = 32  # wake-ups held at most before the sender is woken anyway (32 full batches: 8 MiB)
-
-
-def _acknowledged(task: Task, meta: Any) -> None:
-    offset = getattr(meta, "offset", None)
-    if isinstance(offset, int) and offset >= 0:
-        task.changelog_acked = max(task.changelog_acked or 0, offset + 1)
-
-
-class DeferredWakeup:
-    """Installed on one KafkaProducer's sender: the wake-ups its sends ask for on the stream thread are held until
-    `wake` (see the module's docstring); every other wake-up (flush, close, a metadata wait) goes through at once."""
-
-    def __init__(self, producer: Any) -> None:
-        self.producer = producer
-        self._metadata = producer._metadata
-        self._sender = producer._sender
-        self._wakeup = self._sender.wakeup
-        self._sending: tuple[int, str] | None = None  # (thread, topic) of the send in progress
-        self.held = 0  # wake-ups held since the sender last was woken
-        self._sender.wakeup = self._asked
-
-    @classmethod
-    def install(cls, producer: Any) -> DeferredWakeup | None:
-        """None for a producer without kafka-python's sender and metadata (e.g. a fake): left alone."""
-        sender, metadata = getattr(producer, "_sender", None), getattr(producer, "_metadata", None)
-        if not callable(getattr(sender, "wakeup", None)):
-            return None
-        if not callable(getattr(metadata, "partitions_for_topic", None)):
-            return None
-        return cls(producer)
-
-    def send(self, topic: str, **kwargs: Any) -> Any:
-        """The producer's `send`, its wake-ups held."""
-        self._sending = (threading.get_ident(), topic)
-        try:
-            return self.producer.send(topic, **kwargs)
-        finally:
-            self._sending = None
-            if self.held >= WAKE_EVERY:
-                self.wake()
-
-    def _asked(self) -> None:
-        sending = self._sending
-        if (
-            sending is not None
-            and sending[0] == threading.get_ident()
-            and self._metadata.partitions_for_topic(sending[1]) is not None
-        ):
-            self.held += 1
-        else:
-            self.held = 0  # woken now: for those held too
-            self._wakeup()
-
-    def wake(self) -> None:
-        """The sender wakes for the wake-ups held (if any)."""
-        if self.held:
-            self.held = 0
-            self._wakeup()
 
 
 class RecordCollector:
@@ -104,22 +37,38 @@ class RecordCollector:
         settings: Settings,
         prometheus: ConsumerInstruments,
         topics: InternalTopics,
-        producer_factory: Callable[..., KafkaProducer] = KafkaProducer,
+        clients: KafkaClients,
     ) -> None:
         self.settings = settings
         self.prometheus = prometheus
         self.topics = topics
-        self.producer_factory = producer_factory
+        self.clients = clients
         self.producer: KafkaProducer | None = None
         self._wakeup: DeferredWakeup | None = None
         self.dead_letter: KafkaWriter | None = None
         self._failed = False
+        # The producer's answers, queued on its sender thread: (task, next changelog offset acknowledged) and
+        # (producer, topic, error).
+        self._acks: queue.SimpleQueue[tuple[Task, int]] = queue.SimpleQueue()
+        self._errors: queue.SimpleQueue[tuple[KafkaProducer | None, str, BaseException]] = queue.SimpleQueue()
         self._send_log = RateLimitedLog(logger, interval_s=10.0)
 
     @property
     def failed(self) -> bool:
         """A send failed since the producer was last renewed: nothing may be committed past it."""
+        self.answers()
         return self._failed
+
+    def answers(self) -> None:
+        """The producer's answers so far, applied on the stream thread: each acknowledged changelog offset to its
+        task, each failure of the current producer remembered (a renewed producer's were recovered from)."""
+        while not self._acks.empty():
+            task, offset = self._acks.get_nowait()
+            task.acknowledged(offset)
+        while not self._errors.empty():
+            producer, topic, exc = self._errors.get_nowait()
+            if producer is self.producer:
+                self._send_error(topic, exc)
 
     def open(self) -> None:
         """The producer, and the dead-letter writer when --dead-letter-topic is set."""
@@ -134,17 +83,9 @@ class RecordCollector:
             ).start()
 
     def _new_producer(self) -> KafkaProducer:
-        settings = self.settings
         # Large batches: a commit writes its changed conversations in a burst, and kafka-python wakes its sender
         # each time a send opens a new batch (per record, with 2 KiB states in the default 16 KiB batches).
-        config: dict[str, Any] = {
-            "bootstrap_servers": settings.bootstrap_servers,
-            "client_id": "tracejudge-state",
-            "acks": "all",
-            "linger_ms": 5,
-            "batch_size": PRODUCER_BATCH_BYTES,
-        }
-        producer = self.producer_factory(**{**config, **settings.producer_config()})
+        producer = self.clients.producer("tracejudge-state", acks="all", linger_ms=5, batch_size=PRODUCER_BATCH_BYTES)
         self._wakeup = DeferredWakeup.install(producer)
         return producer
 
@@ -160,7 +101,7 @@ class RecordCollector:
     def send(
         self, topic: str, key: str | bytes, value: bytes | None, kind: str, *, acked: Task | None = None, **kwargs: Any
     ) -> None:
-        """`acked`: the task whose `changelog_acked` follows this record's acknowledgement."""
+        """`acked`: the task whose `changelog_acked` follows this record's acknowledgement. Stream thread only."""
         assert self.producer is not None
         raw_key = key if isinstance(key, bytes) else key.encode("utf-8", "surrogatepass")
         send = self.producer.send if self._wakeup is None else self._wakeup.send
@@ -170,14 +111,24 @@ class RecordCollector:
             self._send_error(topic, exc)
             return
         producer = self.producer  # a renewed producer's aborted sends were already recovered from
-        future.add_errback(lambda exc: self._send_error(topic, exc) if producer is self.producer else None)
+        acks, errors = self._acks, self._errors
+        future.add_errback(lambda exc: errors.put((producer, topic, exc)))  # the sender thread: queued only
         if acked is not None:
-            future.add_callback(lambda meta: _acknowledged(acked, meta))
+            task = acked
+
+            def acknowledged(meta: Any) -> None:  # the sender thread: queued only
+                offset = getattr(meta, "offset", None)
+                if isinstance(offset, int) and offset >= 0:
+                    acks.put((task, offset + 1))
+
+            future.add_callback(acknowledged)
 
     def wake(self) -> None:
-        """The producer's sender wakes for what was sent since (once a round of the stream thread)."""
+        """The producer's sender wakes for what was sent since (once a round of the stream thread); its answers so
+        far are applied."""
         if self._wakeup is not None:
             self._wakeup.wake()
+        self.answers()
 
     def _send_error(self, topic: str, exc: BaseException) -> None:
         self._failed = True
@@ -208,6 +159,8 @@ class RecordCollector:
                 timeout_s,
             )
             return False
+        finally:
+            self.answers()  # what the flush waited for was answered (and queued) before it returned
         return True
 
     def close(self, grace_s: float) -> None:

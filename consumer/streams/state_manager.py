@@ -1,6 +1,11 @@
 """The state manager (Kafka Streams' ProcessorStateManager): a task's local store, its restore from the changelog,
 its checkpoint.
 
+Restoration is decided and applied here, in one place: `restore_records` takes what the stream thread read of a
+restoring task's changelog, `complete_restorations` decides, task by task, whether its changelog was read to its end
+(then loads it and makes it active) or its store cannot be trusted (then replaces the task); the stream thread only
+resumes the input partitions of the tasks it returns.
+
 A task's store is trusted only with a fresh checkpoint (the changelog offset it reflects); then restoration reads
 the changelog from there on, else the store is wiped and the changelog is read from its start. The store gets a
 state only after the changelog acknowledged it, and the checkpoint moves only once the store holds every state the
@@ -13,7 +18,7 @@ from __future__ import annotations
 import gc
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping, Sequence
 from typing import Any
 
 from tracejudge._shared.rate_limited_log import RateLimitedLog
@@ -72,11 +77,7 @@ class StateManager:
                 store = None
         task = Task(partition, self.new_table(store), store=store)
         if checkpoint is not None:
-            task.changelog_position = task.checkpointed = int(checkpoint["changelog"])
-            positions = checkpoint.get("positions") or {}
-            task.repartition_position = int(positions.get("repartition") or 0)
-            task.watermark_ms = int(positions.get("watermark") or 0)
-            task.sources = {int(k): int(v) for k, v in (positions.get("sources") or {}).items()}
+            task.start_from_checkpoint(int(checkpoint["changelog"]), checkpoint.get("positions") or {})
         return task
 
     def _stale(self, partition: int) -> bool:
@@ -96,9 +97,7 @@ class StateManager:
         assert task.store is not None
         task.store.wipe()
         self.directory.clear_checkpoint(task.partition)
-        fresh = Task(task.partition, self.new_table(task.store), store=task.store)
-        fresh.restore_started = task.restore_started
-        return fresh
+        return Task(task.partition, self.new_table(task.store), store=task.store, restore_started=task.restore_started)
 
     @staticmethod
     def close_task(task: Task) -> None:
@@ -135,30 +134,57 @@ class StateManager:
 
     # -- restoration -----------------------------------------------------------------------------------------------
 
+    def restore_records(self, task: Task, records: Sequence[Any]) -> None:
+        """A batch of the restoring task's changelog records, read in order."""
+        if not task.restoring or not records:
+            return
+        self.instruments.restored.inc(len(records))
+        for record in records:
+            self.restore(task, record)
+        task.changelog_read(records[-1].offset + 1)
+
     @staticmethod
     def restore(task: Task, record: Any) -> None:
         """One changelog record: positions are taken at once, a state kept raw until the restore ends."""
         kind = R.kind_of(record.headers)
         try:
             if kind == R.POSITIONS:
-                positions = R.loads(record.value)
-                task.repartition_position = int(positions["repartition"])
-                task.watermark_ms = max(task.watermark_ms, int(positions.get("watermark", 0)))
-                for source, ms in (positions.get("sources") or {}).items():
-                    task.sources[int(source)] = max(task.sources.get(int(source), 0), int(ms))
+                task.restore_positions(R.loads(record.value))
             elif kind in R.STATES and record.key is not None:
-                task.restored[record.key] = (kind, record.value)
+                task.restore_state(record.key, kind, record.value)
         except Exception as exc:  # a changelog record we cannot read costs that conversation, never the partition
             logger.warning("unreadable changelog record at %d/%d: %r", record.partition, record.offset, exc)
+
+    def complete_restorations(
+        self, tasks: MutableMapping[int, Task], changelog_end: Callable[[int], int | None]
+    ) -> list[Task]:
+        """Each restoring task of `tasks` whose changelog (`changelog_end(partition)`: its end offset, None while
+        unknown) was read to its end is loaded and made active; returned, so its input partition resumes. A task
+        whose store's checkpoint is past the changelog's end (the topic was recreated) is replaced in `tasks` by one
+        restoring from the changelog's start."""
+        done: list[Task] = []
+        for task in list(tasks.values()):
+            if not task.restoring:
+                continue
+            end = changelog_end(task.partition)
+            if end is not None and task.checkpointed is not None and task.checkpointed > end:
+                tasks[task.partition] = self.distrust_store(task, end)
+                continue
+            if end is None or task.changelog_position < end:
+                continue
+            elsewhere = sum(other.table.resident_open_count for other in tasks.values() if other is not task)
+            self.finish_restore(task, end, elsewhere)
+            done.append(task)
+        return done
 
     def finish_restore(self, task: Task, end: int, open_elsewhere: int) -> None:
         """The changelog was read to `end`: the restored states into the table (`open_elsewhere`: open conversations
         other tasks hold in memory, under the same --max-open-conversations), the checkpoint moved to the end."""
         self._load_restored(task, open_elsewhere)
-        task.restoring = False
+        task.activate()
         task.table.restored(stored=task.table.store is not None)  # restored state is in the changelog (and store)
         if task.table.store is not None and task.changelog_position != task.checkpointed:
-            task.changelog_acked = task.changelog_position
+            task.acknowledged(task.changelog_position)
             self.checkpoint(task)  # the store now reflects the changelog to its end
         task.table.take_dispatches()
         elapsed = time.monotonic() - task.restore_started
@@ -177,7 +203,7 @@ class StateManager:
     def _load_restored(self, task: Task, open_elsewhere: int) -> None:
         """The restored states into the table, each decoded once (its latest record). With a local store: the
         changelog's tail goes into the store, then the store into the table, in memory up to the bounds."""
-        restored, task.restored = task.restored, {}
+        restored = task.take_restored()
         collecting = gc.isenabled()
         gc.disable()  # decoding makes no cycles; the collector's passes over the growing heap cost ~4x the decode
         try:
@@ -216,7 +242,7 @@ class StateManager:
             task.store.write(puts, deletes)
             return True
         except StoreError as exc:
-            task.store_failing = True
+            task.store_wrote(False)
             self.store_failed(exc, task.partition)
             return False
 
@@ -312,12 +338,11 @@ class StateManager:
         try:
             task.store.write(puts, [cid for cid, (_, value) in encoded.items() if value is None])
         except StoreError as exc:
-            task.store_failing = True
+            task.store_wrote(False)
             self.store_failed(exc, task.partition)
             return
-        if task.store_failing:
+        if task.store_wrote(True):
             logger.info("partition %d: the local store under --state-dir writes again", task.partition)
-        task.store_failing = False
         task.table.stored(encoded)
 
     def checkpoint(self, task: Task) -> None:

@@ -153,7 +153,7 @@ def test_backfill_bad_arguments_exit_2() -> None:
 
 # Windows for a backfill partition, each tested: records in the range (read to the end: the range tests above);
 # no record at or after --from (nothing to read, nothing scanned); a partition that never delivers (reading stops after
-# MAX_IDLE_POLLS empty polls, the partition is reported, exit 1); a judgement whose result sink raises (counted, the
+# the reader's stall bound, the partition is reported, exit 1); a judgement whose result sink raises (counted, the
 # backfill still finishes).
 
 
@@ -242,10 +242,9 @@ class StuckPartitionConsumer(KafkaConsumer):
 def test_backfill_finishes_when_a_sink_raises_and_reports_unread_partitions(
     broker: EmbeddedBroker, topic: str, judge_server: JudgeServer, tmp_path: Path, monkeypatch
 ) -> None:
-    import kafka
-
     from tracejudge.consumer import app
     from tracejudge.consumer.cli import backfill
+    from tracejudge.consumer.kafka import clients, reader
 
     judge_server.responder = scripted_judge
     tracer = TracerProvider().get_tracer("backfill")
@@ -261,8 +260,8 @@ def test_backfill_finishes_when_a_sink_raises_and_reports_unread_partitions(
     producer.close()
     sink = RaisingSink()
     monkeypatch.setattr(app, "build_outputs", lambda *a, **k: app.Outputs([sink]))
-    monkeypatch.setattr(kafka, "KafkaConsumer", StuckPartitionConsumer)
-    monkeypatch.setattr(backfill, "MAX_IDLE_POLLS", 3)
+    monkeypatch.setattr(clients, "KafkaConsumer", StuckPartitionConsumer)
+    monkeypatch.setattr(reader, "MIN_STALL_S", 1.5)
     summary = tmp_path / "summary.json"
     monkeypatch.setenv("TRACEJUDGE_BACKFILL_SUMMARY", str(summary))
     results = f"{topic}-results"  # backfill refuses to judge without an output (the sink here replaces it)

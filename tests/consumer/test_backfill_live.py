@@ -24,7 +24,7 @@ from tests.consumer.test_pipeline import scripted_judge
 from tests.support.judge_server import JudgeServer
 from tests.support.pipeline import consumer_process, result_records
 from tracejudge.consumer.embedded_broker import EmbeddedBroker
-from tracejudge.consumer.streams.partitioner import state_partition
+from tracejudge.consumer.kafka.partitioner import state_partition
 
 IDLE_S = 60
 MAX_BYTES = 4_000  # --max-conversation-bytes: "big" has 5 turns of 1,500 characters, so it keeps its newest 2

@@ -13,7 +13,7 @@ import pytest
 from kafka import KafkaProducer
 
 from tracejudge.consumer.embedded_broker import EmbeddedBroker
-from tracejudge.consumer.streams.record_collector import WAKE_EVERY, DeferredWakeup
+from tracejudge.consumer.kafka.wakeup import WAKE_EVERY, DeferredWakeup
 
 
 class Wakeups:

@@ -276,7 +276,7 @@ def _first_offsets_of(bootstrap: str, topic: str, conversations: set[str]) -> di
     partition's high watermark: where a consumer holding those uncommitted commits to."""
     from kafka import KafkaConsumer, TopicPartition
 
-    from tracejudge.consumer.topic_reader import records_to_end
+    from tracejudge.consumer.kafka.reader import records_to_end
 
     consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
     try:

@@ -19,9 +19,8 @@ from kafka.admin import ConfigResource, ConfigResourceType, KafkaAdminClient
 
 from tests.support.pipeline import wait_for
 from tracejudge.consumer.embedded_broker import EmbeddedBroker
-from tracejudge.consumer.settings import Settings
-from tracejudge.consumer.streams.batch_store import batches_topic_spec
-from tracejudge.consumer.streams.topics import (
+from tracejudge.consumer.kafka import topics as registry
+from tracejudge.consumer.kafka.topics import (
     EXIT_CONFIG,
     EXIT_NOPERM,
     InternalTopics,
@@ -32,6 +31,8 @@ from tracejudge.consumer.streams.topics import (
     ensure_internal_topics,
     ensure_topics,
 )
+from tracejudge.consumer.settings import Settings
+from tracejudge.consumer.streams.batch_store import batches_topic_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -267,3 +268,175 @@ def test_a_bad_layout_option_is_a_configuration_error(flag: str, value: str, say
     assert completed.returncode == 2, completed.stderr
     line = one_line(completed.stderr)
     assert line.startswith(f"tracejudge: invalid configuration: {flag} /") and says in line, line
+
+
+# -- the registry: one list of every topic and group, the docs generated from it --------------------------------------
+
+
+def test_the_docs_tables_are_the_registrys() -> None:
+    """docs/deployment.md's internal-topics and ACL tables are rendered from consumer/kafka/topics.py: a topic or a
+    group added there and not to the docs (or edited by hand) fails here. Regenerate with
+    `python -m tracejudge.consumer.kafka.topics --update docs/deployment.md`."""
+    text = (ROOT / "docs" / "deployment.md").read_text(encoding="utf-8")
+    assert registry.generated_sections(text) == ["internal-topics", "acls"]
+    assert registry.update_docs(text) == text, "docs/deployment.md differs from the registry: run --update"
+    for topic in registry.INTERNAL_TOPICS:  # each by its literal name, in both tables
+        assert text.count(f"| `<group>{topic.suffix}` |") == 2, topic.suffix
+    for consumer_group in registry.GROUPS:
+        assert f"| group | `<group>{consumer_group.suffix}` | Read, Describe |" in text, consumer_group.suffix
+
+
+def test_a_hand_edited_table_is_rendered_again_and_an_unknown_section_refused() -> None:
+    stale = "x\n<!-- generated: acls -->\n| group | `<group>` | Read |\n<!-- end generated -->\ny\n"
+    fresh = registry.update_docs(stale)
+    assert fresh.startswith("x\n<!-- generated: acls -->\n") and fresh.endswith("<!-- end generated -->\ny\n")
+    assert "`<group>-judges-retries`" in fresh and "| group | `<group>` | Read |\n" not in fresh
+    with pytest.raises(ValueError, match="unknown generated section 'nope'"):
+        registry.update_docs("<!-- generated: nope -->\n<!-- end generated -->\n")
+
+
+def test_the_markdown_command_prints_the_docs_sections() -> None:
+    completed = subprocess.run(
+        [sys.executable, "-m", "tracejudge.consumer.kafka.topics", "--markdown"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        timeout=60,
+    )
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stdout == registry.render_markdown()
+    text = (ROOT / "docs" / "deployment.md").read_text(encoding="utf-8")
+    for section in completed.stdout.split("<!-- end generated -->\n")[:-1]:
+        assert section + "<!-- end generated -->\n" in text
+
+
+def test_every_name_comes_from_the_group_id() -> None:
+    topics = InternalTopics("g")
+    assert topics.all() == [
+        "g-conversations-repartition",
+        "g-conversations-changelog",
+        "g-judge-queue",
+        "g-judge-retry",
+    ]
+    assert topics.every() == [*topics.all(), "g-judge-batches", "g-notifications"]
+    assert (topics.batches, topics.notifications) == ("g-judge-batches", "g-notifications")
+    assert topics.groups() == ["g", "g-judges", "g-judges-retries"]
+    assert batches_topic_spec("g") == registry.TopicSpec("g-judge-batches", 1, {"cleanup.policy": "compact"}, False)
+    assert [spec.checked for spec in topics.specs(3)] == [True] * 4  # co-partitioned: the count is checked
+
+
+def test_which_topics_and_groups_a_process_needs_follows_its_options() -> None:
+    plain = Settings.from_options()
+    names = [topic.name("g") for topic in registry.internal_topics_for(plain)]
+    assert names == InternalTopics("g").all()
+    every = plain.model_copy(update={"judge_tier": "batch", "notify_url": ["http://127.0.0.1:9/hook"]})
+    assert [topic.name("g") for topic in registry.internal_topics_for(every)] == InternalTopics("g").every()
+    assembler = every.model_copy(update={"role": "assemble"})
+    assert registry.BATCHES not in registry.internal_topics_for(assembler)
+    assert [g.name("g") for g in registry.groups_for(assembler)] == ["g"]
+    assert [g.name("g") for g in registry.groups_for(every.model_copy(update={"role": "judge"}))] == [
+        "g-judges",
+        "g-judges-retries",
+    ]
+
+
+def test_the_notifications_topic_is_created_under_the_one_policy(broker: EmbeddedBroker, admin: RecordingAdmin) -> None:
+    """Once created by its own NewTopic call (a refusal left to auto-creation); now as every internal topic: the
+    user's replication (unset: -1, the cluster's default) and settings, the registry's cleanup policy and retention."""
+    from tracejudge.consumer.emit.notify import DeliveredIds
+
+    name = InternalTopics(group()).notifications
+    ids = DeliveredIds(broker.bootstrap_servers, name, {}, None, topic_configs={"min.insync.replicas": "1"})
+    ids.ensure_topic()
+    configs = configs_of(admin, name)
+    assert configs["cleanup.policy"] == "compact,delete" and configs["retention.ms"] == str(7 * 86_400_000)
+    assert configs["min.insync.replicas"] == "1"
+    (description,) = admin.describe_topics([name])
+    assert len(description["partitions"]) == 1 and replicas_of(admin, name) == [1]
+    ids.ensure_topic()  # exists: used as it is
+
+
+def test_a_pre_created_fixed_count_topic_is_used_as_it_is(broker: EmbeddedBroker, admin: RecordingAdmin) -> None:
+    """An operator's notifications or batches topic with more partitions: its readers read every partition, so no
+    count is imposed (only the co-partitioned topics' count is checked); nothing is created or altered."""
+    group_id = group()
+    for topic in (registry.BATCHES, registry.NOTIFICATIONS):
+        admin.create_topics({topic.name(group_id): {"num_partitions": 3, "replication_factor": 1}})
+    admin.requests.clear()
+    registry.ensure(admin, [registry.BATCHES, registry.NOTIFICATIONS], group_id, TopicLayout(None, {}))
+    assert admin.requests == []
+
+
+def test_the_running_consumer_uses_only_the_registrys_topics_and_groups(
+    broker: EmbeddedBroker, topic: str, judge_server: Any, admin: RecordingAdmin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A real consumer with every option that adds a topic (the batch tier, --notify-url, a results and a dead-letter
+    topic): every group id any of its clients is built with, every topic one subscribes to, is assigned, looks up or
+    writes, and every topic of the group on the broker, is in the registry; and the registry lists nothing it does
+    not use."""
+    from tests.consumer.test_pipeline import Collect
+    from tests.support.pipeline import RunningConsumer, consumer_settings, play, traced_app
+    from tests.support.webhook_receiver import WebhookReceiver
+    from tracejudge.consumer.kafka import KafkaConsumer, KafkaProducer
+
+    groups: set[str] = set()
+    touched: set[str] = set()
+    consumer_init, subscribe, assign = KafkaConsumer.__init__, KafkaConsumer.subscribe, KafkaConsumer.assign
+    partitions_for_topic, send = KafkaConsumer.partitions_for_topic, KafkaProducer.send
+
+    def init(self: Any, *topics: str, **configs: Any) -> None:
+        if configs.get("group_id"):
+            groups.add(configs["group_id"])
+        touched.update(topics)
+        consumer_init(self, *topics, **configs)
+
+    def subscribing(self: Any, topics: Any = (), *args: Any, **kwargs: Any) -> Any:
+        touched.update(topics)
+        return subscribe(self, topics, *args, **kwargs)
+
+    def assigning(self: Any, partitions: Any) -> Any:
+        touched.update(tp.topic for tp in partitions)
+        return assign(self, partitions)
+
+    def looking_up(self: Any, name: str) -> Any:
+        touched.add(name)
+        return partitions_for_topic(self, name)
+
+    def sending(self: Any, name: str, *args: Any, **kwargs: Any) -> Any:
+        touched.add(name)
+        return send(self, name, *args, **kwargs)
+
+    monkeypatch.setattr(KafkaConsumer, "__init__", init)
+    monkeypatch.setattr(KafkaConsumer, "subscribe", subscribing)
+    monkeypatch.setattr(KafkaConsumer, "assign", assigning)
+    monkeypatch.setattr(KafkaConsumer, "partitions_for_topic", looking_up)
+    monkeypatch.setattr(KafkaProducer, "send", sending)
+    suffix = uuid.uuid4().hex[:8]
+    results, dead_letter = f"results-{suffix}", f"dead-letter-{suffix}"
+    collect = Collect()
+    with WebhookReceiver() as receiver:
+        settings = consumer_settings(
+            broker.bootstrap_servers,
+            topic,
+            metrics="failure_rate",
+            judge_model="gpt-5-mini",
+            judge_tier="batch",
+            judge_batch_wait=0.2,
+            judge_batch_poll=0.2,
+            notify_url=[receiver.url],
+            results_topic=results,
+            dead_letter_topic=dead_letter,
+            session_idle_timeout=1.0,
+        )
+        with RunningConsumer(settings, extra_sinks=[collect]) as consumer:
+            assert consumer.app.service.assigned.wait(60), "partitions not assigned"
+            play(traced_app(broker.bootstrap_servers, topic), {f"registry-{suffix}": [("question", "answer")]})
+            wait_for(lambda: len(collect.ids()) >= 1, timeout=120, what="the conversation judged")
+    group_id = settings.group_id
+    topics = InternalTopics(group_id)
+    on_broker = {name for name in admin.list_topics() if name.startswith(f"{group_id}-")}
+    assert on_broker == set(topics.every()), on_broker ^ set(topics.every())
+    assert groups == set(topics.groups()), groups ^ set(topics.groups())
+    allowed = {topic, results, dead_letter, *topics.every()}
+    assert touched - allowed == set(), touched - allowed
+    assert set(topics.every()) <= touched  # each one read or written, not only created

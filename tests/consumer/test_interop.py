@@ -36,7 +36,7 @@ from tests.support.judge_server import JudgeServer, Reply, conversation_text, ve
 from tests.support.pipeline import RunningConsumer, consumer_settings, wait_for
 from tracejudge.consumer.decode import _any_value
 from tracejudge.consumer.embedded_broker import EmbeddedBroker
-from tracejudge.consumer.streams.topics import InternalTopics
+from tracejudge.consumer.kafka.topics import InternalTopics
 from tracejudge.metrics.transcript import END, START
 from tracejudge.tracer import KafkaSpanExporter
 

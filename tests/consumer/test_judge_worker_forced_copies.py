@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from tests.consumer.test_judge_worker_duplicates import Record, job_record, worker
+from tests.consumer.test_judge_worker_duplicates import Judges, Record, job_record
 from tracejudge.consumer.judging.judgement import OUTCOME_SKIPPED_BUDGET, Judgement
 from tracejudge.consumer.streams import records as R
 
@@ -14,11 +14,12 @@ def test_a_negative_feedback_job_is_not_given_the_budget_skip_of_the_unforced_jo
     skipped for budget, so the assembler sends a forced job F (negative feedback: "judged whatever the budget")
     for the same transcript. B attaches F to P as a copy; P is skipped for budget on B too, F inherits the skip:
     the negative-feedback conversation is never judged."""
-    judges, pool, producer, _ = worker()
-    judges._record(0, job_record(5, "x"))
+    judges = Judges()
+    judges.read(job_record(5, "x"))
     plain = R.loads(job_record(9, "x").value)
     job, _sampled, ms = R.job_from_json(plain, key="0:9", partition=0)
     forced = Record(9, R.dumps(R.job_to_json(replace(job, negative_feedback=True), sampled=True, completed_ms=ms)))
-    judges._record(0, forced)
-    judges._finished(Judgement(pool.submitted[0], OUTCOME_SKIPPED_BUDGET))
-    assert [j.key for j in pool.submitted] == ["0:5", "0:9"], producer.acks  # F judged (forced), not given P's skip
+    judges.read(forced)
+    judges.judged(Judgement(judges.pool.submitted[0], OUTCOME_SKIPPED_BUDGET))
+    # F judged (forced), not given P's skip
+    assert [j.key for j in judges.pool.submitted] == ["0:5", "0:9"], judges.producer.acks

@@ -35,8 +35,8 @@ from tracejudge.consumer.adapters import ConversationEvent, Turn
 from tracejudge.consumer.conversation.identity import content_id
 from tracejudge.consumer.conversation.table import ConversationState, ConversationTable
 from tracejudge.consumer.embedded_broker import EmbeddedBroker
+from tracejudge.consumer.kafka.partitioner import state_partition
 from tracejudge.consumer.streams import records as R
-from tracejudge.consumer.streams.partitioner import state_partition
 
 
 def lag_series(consumer: RunningConsumer) -> dict[str, float]:

@@ -18,7 +18,7 @@ from kafka.coordinator.base import Generation
 from kafka.structs import MemberState
 
 from tracejudge.consumer.embedded_broker import EmbeddedBroker
-from tracejudge.consumer.streams.membership import (
+from tracejudge.consumer.kafka.membership import (
     CompletedJoinKeeper,
     OrphanedLeaderGuard,
     close_leaving,

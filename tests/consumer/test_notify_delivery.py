@@ -128,7 +128,7 @@ def test_an_unexpected_error_on_the_delivery_thread_is_counted_said_and_stops_th
             on_error=lambda: errors.append(1),
             on_fatal=lambda exc: (fatal.append(exc), stopped.set()),
         )
-        notifier._thread.start()  # start() would load the delivered ids from Kafka: this one has none
+        notifier._delivery.start()  # start() would load the delivered ids from Kafka: this one has none
         try:
             with caplog.at_level(logging.ERROR, logger="tracejudge.consumer.notify"):
                 (done,) = notifier.emit(judgement("c1", "hallucination"))
@@ -144,13 +144,13 @@ def test_without_an_owner_to_stop_the_delivery_thread_goes_on_after_an_unexpecte
     errors: list[int] = []
     with WebhookReceiver() as receiver:
         notifier = Notifier([receiver.url], delivered_ids=ids, on_error=lambda: errors.append(1))
-        notifier._thread.start()
+        notifier._delivery.start()
         try:
             notifier.emit(judgement("c1", "hallucination"))
             wait_for(lambda: ids.calls == 1, 10, "the first delivery")
             notifier.emit(judgement("c2", "hallucination"))
             wait_for(lambda: ids.calls == 2, 10, "the second delivery, after the error")
-            assert notifier._thread.is_alive() and errors == [1, 1]
+            assert notifier._delivery.alive and errors == [1, 1]
         finally:
             notifier.close()
     assert len(receiver.deliveries) == 2

@@ -15,8 +15,8 @@ from opentelemetry.sdk.trace import TracerProvider
 
 from tests.consumer.test_backfill import conversation_record
 from tracejudge.consumer.adapters import ConversationEvent, Feedback
+from tracejudge.consumer.kafka.partitioner import state_partition
 from tracejudge.consumer.settings import Settings
-from tracejudge.consumer.streams.partitioner import state_partition
 from tracejudge.consumer.streams.range_assembler import RangeAssembler
 
 PARTITIONS = 3

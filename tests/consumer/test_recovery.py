@@ -24,7 +24,7 @@ from tests.support.pipeline import (
 )
 from tracejudge.consumer.embedded_broker import EmbeddedBroker
 from tracejudge.consumer.judging.sampling import sample_point
-from tracejudge.consumer.streams.partitioner import state_partition
+from tracejudge.consumer.kafka.partitioner import state_partition
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -225,8 +225,8 @@ def test_an_input_record_too_large_to_route_does_not_stop_every_commit(monkeypat
     max_request_size (1 MiB) kafka-python fails that send (MessageSizeTooLargeError) every time: `_flush` recovers
     every task, the replay fails again, and no input offset of the process is ever committed again (each cycle also
     re-dispatches the jobs completed since the last commit: repeated judge calls)."""
+    from tracejudge.consumer.kafka.partitioner import state_partition
     from tracejudge.consumer.streams import processor as module
-    from tracejudge.consumer.streams.partitioner import state_partition
 
     cid = next(f"conv{i}" for i in range(100) if state_partition(f"conv{i}", 2) == 1)  # owned by partition 1
     big = ConversationEvent(cid, "a", turn=Turn("s1", "t", "", 1, 2, "q" * 1_200_000, "a", index=0))

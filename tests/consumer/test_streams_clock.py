@@ -35,7 +35,8 @@ def test_watermarks_and_verdicts_do_not_move_the_record_clock() -> None:
     turn = Turn("s1", "t1", "", 1, 2, "question", "answer")
     event = ConversationEvent("conv-1", "agent", turn=turn)
     processor.repartitioned(task, record(R.EVENTS, b"conv-1", {"events": [R.event_to_json(event)]}, backlog))
-    assert task.watermark_ms == backlog
+    assert task.watermark_ms == 0  # a routed event carries its source's time, not this input's
+    task.input_record(backlog)  # the task's own input, read up to the backlog
     processor.repartitioned(task, record(R.WATERMARK, R.WATERMARK_KEY, {"source": 1, "ms": backlog}, now))
     processor.repartitioned(task, record(R.VERDICT, b"conv-1", {"content_id": "x", "outcome": "judged"}, now))
     assert task.sources == {1: backlog}
@@ -131,7 +132,8 @@ def test_the_lag_probe_never_raises_into_the_judge_worker() -> None:
     from kafka import TopicPartition
     from kafka.errors import KafkaTimeoutError
 
-    from tracejudge.consumer.streams.probe import HighwaterProbe
+    from tracejudge.consumer.kafka import KafkaClients
+    from tracejudge.consumer.kafka.highwater import HighwaterProbe
 
     attempts: list[int] = []
 
@@ -139,7 +141,7 @@ def test_the_lag_probe_never_raises_into_the_judge_worker() -> None:
         attempts.append(1)
         raise KafkaTimeoutError("Unable to bootstrap from 127.0.0.1:1")
 
-    probe = HighwaterProbe(unreachable, "127.0.0.1:1", {})  # type: ignore[arg-type]
+    probe = HighwaterProbe(KafkaClients("127.0.0.1:1", consumer_factory=unreachable))
     tp = TopicPartition("q", 0)
     assert probe.highwaters({tp: 5}) == {}
     assert probe.highwaters({tp: 5}) == {}

@@ -17,7 +17,7 @@ from tests.consumer.test_pipeline import scripted_judge
 from tests.support.judge_server import JudgeServer, conversation_text, metric_of
 from tests.support.pipeline import consumer_process, play, traced_app, wait_for
 from tracejudge.consumer.embedded_broker import EmbeddedBroker
-from tracejudge.consumer.streams.partitioner import state_partition
+from tracejudge.consumer.kafka.partitioner import state_partition
 
 CONVERSATIONS = 600
 BOUND = "50"

@@ -36,7 +36,9 @@ from typing import Any
 from kafka import errors as kafka_errors
 from kafka.structs import MemberState
 
-logger = logging.getLogger("tracejudge.consumer")
+from .quirks import is_tansu
+
+logger = logging.getLogger("tracejudge.consumer.kafka")
 
 _CHECK_EVERY_S = 1.0
 
@@ -162,12 +164,14 @@ class CompletedJoinKeeper:
 
 
 def guard_membership(consumer: Any) -> OrphanedLeaderGuard | None:
-    """Install the orphaned-leader guard and the completed-join keeper on a group consumer (None for a consumer
-    without kafka-python's coordinator, e.g. a fake)."""
+    """Install the completed-join keeper (kafka-python's bug: any broker) on a group consumer, and the orphaned-leader
+    guard (Tansu's bug) when the brokers are Tansu (`quirks.is_tansu`): a real cluster never sends its
+    DescribeGroups or its LeaveGroup. The guard, or None (another broker, or a consumer without kafka-python's
+    coordinator, e.g. a fake)."""
     coordinator = getattr(consumer, "_coordinator", None)
     if coordinator is None or not hasattr(coordinator, "_do_join_and_sync_async"):
         return None
-    guard = OrphanedLeaderGuard(coordinator)
+    guard = OrphanedLeaderGuard(coordinator) if is_tansu(consumer) else None
     if hasattr(coordinator, "_on_join_complete_async"):
         CompletedJoinKeeper(coordinator)
     return guard

@@ -38,7 +38,7 @@ def own_broker() -> Any:
 
 @pytest.fixture
 def short_stall(monkeypatch: pytest.MonkeyPatch) -> None:
-    import tracejudge.consumer.topic_reader as topic_reader
+    import tracejudge.consumer.kafka.reader as topic_reader
 
     monkeypatch.setattr(topic_reader, "MIN_STALL_S", STALL_S)
 
@@ -69,7 +69,7 @@ def _in_thread(call: Any) -> tuple[threading.Thread, list[Any]]:
 def test_read_results_stops_with_kafka_unreachable_when_the_broker_vanishes_mid_read(
     own_broker: EmbeddedBroker, monkeypatch: pytest.MonkeyPatch, short_stall: None, how: signal.Signals
 ) -> None:
-    import tracejudge.consumer.topic_reader as topic_reader
+    import tracejudge.consumer.kafka.reader as topic_reader
     from tracejudge.consumer.cli.compare import read_results
 
     results = f"results-{uuid.uuid4().hex[:8]}"

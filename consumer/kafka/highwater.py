@@ -1,26 +1,34 @@
-"""High watermarks of partitions a consumer does not fetch (paused ones): a consumer of its own fetches one small
-batch from each at the caller's positions (Tansu answers ListOffsets wrongly, and a fetch is what clients trust)."""
+"""High watermarks of partitions a consumer does not fetch (paused ones), and kafka-python's remembered one.
+
+`HighwaterProbe` asks a consumer of its own. On a cluster that answers ListOffsets it asks for the end offsets (one
+round trip). Tansu (the embedded broker) answers ListOffsets wrongly (1 for a partition holding 50 records), so
+there (`quirks.is_tansu`) the probe fetches one small batch from each partition at the caller's positions and reads
+the high watermark the fetch answered, waiting up to `timeout_ms` for it.
+
+`forget_highwater`/`restore_highwater` work around kafka-python (any broker): it keeps the high watermark of the
+last fetch with no way to tell whether a fetch answered since; the stream clock drops it to learn that one did."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
-from kafka import KafkaConsumer, TopicPartition
+from kafka import TopicPartition
 
-from tracejudge._shared.kafka_options import construct_client
 from tracejudge._shared.rate_limited_log import RateLimitedLog
 
-logger = logging.getLogger("tracejudge.consumer.streams")
+from .clients import KafkaClients
+from .quirks import is_tansu
+
+logger = logging.getLogger("tracejudge.consumer.kafka")
 
 
 class HighwaterProbe:
-    def __init__(self, factory: Callable[..., KafkaConsumer], bootstrap_servers: str, config: Mapping[str, Any]):
-        self._factory = factory
-        self._bootstrap = bootstrap_servers
-        self._config = {k: v for k, v in config.items() if k not in ("group_id", "group_instance_id")}
-        self._consumer: KafkaConsumer | None = None
+    def __init__(self, clients: KafkaClients) -> None:
+        self._clients = clients
+        self._consumer: Any = None
+        self._fetching = False  # Tansu: read from a fetch, not ListOffsets
         self._log = RateLimitedLog(logger, interval_s=60.0)
 
     def highwaters(
@@ -44,17 +52,14 @@ class HighwaterProbe:
 
     def _highwaters(self, positions: Mapping[TopicPartition, int], timeout_ms: int) -> dict[TopicPartition, int]:
         if self._consumer is None:
-            self._consumer = construct_client(
-                self._factory,
-                bootstrap_servers=self._bootstrap,
-                client_id="tracejudge-lag-probe",
-                group_id=None,
-                enable_auto_commit=False,
-                fetch_max_bytes=4096,
-                max_partition_fetch_bytes=4096,
-                **self._config,
+            self._consumer = self._clients.consumer(
+                "tracejudge-lag-probe", fetch_max_bytes=4096, max_partition_fetch_bytes=4096
             )
+            self._fetching = is_tansu(self._consumer)
         consumer = self._consumer
+        if not self._fetching:
+            ends = consumer.end_offsets(list(positions))
+            return {tp: end for tp, end in ends.items() if end is not None}
         consumer.assign(list(positions))
         for tp, position in positions.items():
             consumer.seek(tp, max(0, position))
