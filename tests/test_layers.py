@@ -94,6 +94,9 @@ def test_planted_violations_are_caught(tmp_path: Path) -> None:
         "consumer/emit/planted_pool.py": (
             "def f() -> None:\n    from tracejudge.consumer.judging import pool  # noqa: F401\n"
         ),
+        "consumer/kafka/planted_runtime.py": (
+            "def f() -> None:\n    from tracejudge.consumer.streams import task  # noqa: F401\n"
+        ),
         "consumer/streams/planted_up.py": (
             "def f() -> None:\n    from tracejudge.consumer import service  # noqa: F401\n"
         ),
@@ -107,9 +110,10 @@ def test_planted_violations_are_caught(tmp_path: Path) -> None:
     completed = lint_imports(tmp_path, env)
     report = completed.stdout + completed.stderr
     assert completed.returncode != 0, report
-    assert "Contracts: 0 kept, 10 broken." in report, report
+    assert "Contracts: 0 kept, 11 broken." in report, report
     assert "tracejudge.consumer.conversation.planted_kafka -> kafka" in report
     assert "tracejudge.consumer.streams.planted_up -> tracejudge.consumer.service" in report
+    assert "tracejudge.consumer.kafka.planted_runtime -> " in report  # the seam reaching into the runtime
     assert "tracejudge.consumer.streams.task -> tracejudge.consumer.streams.assembler" in report
     assert "tracejudge._shared._planted -> tracejudge.tracer.setup" in report
     assert "tracejudge.consumer.emit.planted_pool -> tracejudge.consumer.judging.pool" in report

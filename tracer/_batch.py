@@ -86,7 +86,7 @@ class BoundedBatchSpanProcessor(SpanProcessor):
 
     @property
     def queue_full_drops(self) -> int:
-        return self._worker.drops.get(FULL, 0)
+        return self._worker.drops[FULL]
 
     @property
     def spans_dropped(self) -> int:

@@ -15,6 +15,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from tracejudge._shared.bounded_worker import UNHANDLED, Backoff, BoundedWorker
@@ -26,26 +27,17 @@ logger = logging.getLogger("tracejudge.consumer.kafka_writer")
 MAX_BACKOFF_S = 30.0
 
 
+@dataclass(slots=True)
 class _Item:
-    __slots__ = ("attempts", "delivered", "headers", "key", "on_written", "value")
-
-    def __init__(
-        self,
-        key: bytes | None,
-        value: bytes,
-        headers: list[tuple[str, bytes]],
-        on_written: Callable[[], None] | None = None,
-    ) -> None:
-        self.key, self.value, self.headers = key, value, headers
-        self.delivered = threading.Event()
-        self.on_written = on_written
-        self.attempts = 0
+    key: bytes | None
+    value: bytes
+    headers: list[tuple[str, bytes]]
+    on_written: Callable[[], None] | None = None
+    delivered: threading.Event = field(default_factory=threading.Event)
+    attempts: int = 0
 
 
 class KafkaWriter:
-    """`producer_config`: the producer's options (`Settings.producer_config()`); the producer is built by
-    `clients` (default: KafkaClients on `bootstrap_servers` with these options) when the writer starts."""
-
     def __init__(
         self,
         bootstrap_servers: str,
@@ -56,7 +48,6 @@ class KafkaWriter:
         on_error: Callable[[], None] | None = None,
         base_backoff_s: float = 0.5,
         hint: str = "",
-        clients: KafkaClients | None = None,
         **producer_config: Any,
     ) -> None:
         self.topic = topic
@@ -65,7 +56,7 @@ class KafkaWriter:
         self.on_error = on_error
         self.max_queue = max_queue
         self.client_id = producer_config.get("client_id", "tracejudge-writer")
-        self.clients = clients or KafkaClients(bootstrap_servers, producer_config)
+        self.clients = KafkaClients(bootstrap_servers, producer_config)  # builds the producer when the writer starts
         self._producer: Any = None
         self._lock = threading.Lock()  # the counters: written from the worker and the producer's thread
         self._sent = 0
@@ -145,11 +136,11 @@ class KafkaWriter:
                 logger.exception("the callback of a record written to %r failed", self.topic)
 
     def _send_failed(self, item: _Item, exc: BaseException) -> None:
-        """Count it and retry after a backoff (from the producer's thread or the worker); dropped once closing."""
+        """Count it and retry after a backoff (from the producer's thread or the worker)."""
         with self._lock:
             self._failed += 1
             failed = self._failed
-        self._worker.retry(item, self._worker.backoff.delay(item.attempts))
+        self._worker.put(item, after_s=self._worker.backoff.delay(item.attempts))  # dropped once closing
         self._log.warning(
             "writing to %r failed: %r (retrying; %d failures so far)%s", self.topic, exc, failed, self.hint
         )

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -83,7 +82,6 @@ class AcknowledgingExporter:
         self.exported = 0
         self.failures = 0
         self._log = RateLimitedLog(logger, interval_s=30.0)
-        # A failed batch stays at the front of the queue, in order, and is tried again after a backoff.
         self._worker: BoundedWorker[tuple[Any, Ticket | None]] = BoundedWorker(
             self._send,
             name=f"tracejudge-{name}-export",
@@ -104,11 +102,9 @@ class AcknowledgingExporter:
         return self._worker.flush(timeout_millis / 1000)
 
     def shutdown(self, timeout_millis: int = 30_000) -> None:
-        """Retries what is queued until the deadline; what is still unexported then stays unacknowledged (its
-        offsets are not committed)."""
-        deadline = time.monotonic() + timeout_millis / 1000
-        self._worker.flush(timeout_millis / 1000)
-        self._worker.close(max(0.0, deadline - time.monotonic()))
+        """Exports what is queued and not waiting for a backoff, within the deadline; what is still unexported then
+        stays unacknowledged (its offsets are not committed: a restart judges it again)."""
+        self._worker.close(timeout_millis / 1000)
         if self._shutdown_exporter is not None:
             try:
                 self._shutdown_exporter()
@@ -122,29 +118,25 @@ class AcknowledgingExporter:
     # -- the worker --------------------------------------------------------------------------------------------------
 
     def _send(self, batch: list[tuple[Any, Ticket | None]]) -> bool:
-        if not self._try_export([item for item, _ in batch]):
-            return False  # kept, in order, for the next attempt
+        """False (the batch is kept, in order, and tried again after a backoff) unless the exporter said SUCCESS."""
+        error: Exception | None = None
+        try:
+            result = self._export([item for item, _ in batch])
+        except Exception as exc:  # an exporter should return FAILURE; one that raises is treated the same
+            result, error = None, exc
+        if result is None or getattr(result, "name", str(result)) != "SUCCESS":
+            self.failures += 1
+            if self.on_error is not None:
+                self.on_error()
+            self._log.warning(
+                "OTLP export of %d evaluation items failed (%s); retrying, their offsets stay uncommitted until it "
+                "succeeds: check --otlp-endpoint and the collector",
+                len(batch),
+                error if error is not None else result,
+            )
+            return False
         self.exported += len(batch)
         for _, ticket in batch:
             if ticket is not None:
                 ticket.done()
         return True
-
-    def _try_export(self, items: list[Any]) -> bool:
-        error: Exception | None = None
-        try:
-            result = self._export(items)
-        except Exception as exc:  # an exporter should return FAILURE; one that raises is treated the same
-            result, error = None, exc
-        if result is not None and getattr(result, "name", str(result)) == "SUCCESS":
-            return True
-        self.failures += 1
-        if self.on_error is not None:
-            self.on_error()
-        self._log.warning(
-            "OTLP export of %d evaluation items failed (%s); retrying, their offsets stay uncommitted until it "
-            "succeeds: check --otlp-endpoint and the collector",
-            len(items),
-            error if error is not None else result,
-        )
-        return False

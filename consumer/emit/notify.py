@@ -52,9 +52,9 @@ from tracejudge._shared.rate_limited_log import RateLimitedLog
 
 from ..judging.judgement import Judgement
 from ..judging.results import result_record
-from ..kafka import KafkaClients, TopicPartition
+from ..kafka import KafkaClients
 from ..kafka.connect import reaching_kafka
-from ..kafka.reader import partitions_for, records_to_end, stall_bound_s
+from ..kafka.table import CompactedTable
 from ..kafka.topics import NOTIFICATIONS, TopicLayout, TopicSpec, ensure_topics
 
 logger = logging.getLogger("tracejudge.consumer.notify")
@@ -266,6 +266,7 @@ class DeliveredIds:
         self.topic = topic
         self.consumer_config = consumer_config
         self.writer = writer  # a durable KafkaWriter on `topic`
+        self._table: CompactedTable | None = None  # once loaded: followed
         # --replication-factor (None: the cluster's default) and --internal-topic-config, as every internal topic.
         self.replication_factor = replication_factor
         self.topic_configs = {**(topic_configs or {}), **TOPIC_CONFIGS}
@@ -281,60 +282,42 @@ class DeliveredIds:
                 ensure_topics(admin, [spec], TopicLayout(self.replication_factor))
 
     def load(self, stop: threading.Event | None = None) -> set[tuple[str, str]]:
-        """Every (result id, url) delivered so far, read to the high watermark of the topic (however slow the broker:
-        a short read would send them again); the reader stays open for `follow`. A topic without partitions yet (just
-        created) holds nothing: `follow` waits for them. A broker that stops answering (no progress for the stall
-        bound of kafka.reader: the bootstrap timeout, at least 15 s) fails the start with KafkaUnreachable (exit 69):
-        starting without the ids would send them again."""
+        """Every (result id, url) delivered so far, the topic read to its end as a table (`kafka.table`: however slow
+        the broker, a short read would send them again); the table stays open for `follow`. A topic without
+        partitions yet (just created) holds nothing: `follow` waits for them. A broker that stops answering (no
+        progress for the stall bound of kafka.reader: the bootstrap timeout, at least 15 s) fails the start with
+        KafkaUnreachable (exit 69): starting without the ids would send them again."""
         from .._logging import quiet_kafka_connections
 
+        found: set[tuple[str, str]] = set()
         clients = KafkaClients(self.bootstrap_servers, self.consumer_config)
-        self._reader = consumer = clients.consumer("tracejudge-notify-ids")  # assigned by hand, no group
-        what = f"the delivered notifications {self.topic!r}"
-        stall_s = stall_bound_s(self.consumer_config)
+        table = CompactedTable(
+            clients, self.topic, lambda records: found.update(_delivered(records)), what=self._what
+        )
         try:
             with quiet_kafka_connections():
-                partitions = partitions_for(consumer, self.topic, what=what, stall_s=stall_s)
-                if not partitions:
-                    return set()
-                assigned = [TopicPartition(self.topic, p) for p in sorted(partitions)]
-                return _delivered(records_to_end(consumer, assigned, what=what, stop=stop, stall_s=stall_s))
+                table.load(stop)
         except BaseException:
-            self._reader = None
-            threading.Thread(target=consumer.close, name="tracejudge-notify-close", daemon=True).start()
+            threading.Thread(target=table.close, name="tracejudge-notify-close", daemon=True).start()
             raise
+        self._table = table
+        return found
+
+    @property
+    def _what(self) -> str:
+        return f"the delivered notifications {self.topic!r}"
 
     def follow(self, add: Callable[[set[tuple[str, str]]], None], stop: threading.Event) -> None:
         """Keep reading what the other replicas of the group deliver (a rebalance hands their uncommitted
-        conversations here); on its own thread until `stop`. Partitions not known yet (a topic just created, its
-        metadata not yet everywhere) are waited for, then read from their beginning."""
-        consumer: Any = getattr(self, "_reader", None)
-        if consumer is None:
+        conversations here); on its own thread until `stop` (`kafka.table.CompactedTable.follow`)."""
+        table: CompactedTable | None = self._table
+        if table is None:
             return
+        table.apply = lambda records: add(found) if (found := _delivered(records)) else None
         try:
-            while not consumer.assignment() and not stop.is_set():
-                try:
-                    partitions = consumer.partitions_for_topic(self.topic)  # asks the cluster while unknown
-                except Exception as exc:
-                    logger.debug("looking up %s: %r", self.topic, exc)
-                    partitions = None
-                if partitions:
-                    assigned = [TopicPartition(self.topic, p) for p in sorted(partitions)]
-                    consumer.assign(assigned)
-                    consumer.seek_to_beginning(*assigned)
-                else:
-                    stop.wait(1.0)
-            while not stop.is_set():
-                try:
-                    found = _delivered(r for batch in consumer.poll(timeout_ms=500).values() for r in batch)
-                except Exception as exc:  # a broker outage: the in-memory ids still stop duplicates in this process
-                    logger.debug("reading the delivered notifications: %r", exc)
-                    stop.wait(1.0)
-                    continue
-                if found:
-                    add(found)
+            table.follow(stop)
         finally:
-            consumer.close()
+            table.close()
 
     def add(self, result_id: str, url: str, on_written: Callable[[], None] | None = None) -> threading.Event:
         """Key: the result id and the URL (each endpoint gets each result once). Never blocks: the event is set, and
@@ -342,6 +325,12 @@ class DeliveredIds:
         return self.writer.write(  # type: ignore[no-any-return]
             f"{result_id}\x1f{url}".encode(), b"1", on_written=on_written
         )
+
+    def stop_reading(self) -> None:
+        """Close the table's reader when it is never followed (`follow` closes it otherwise)."""
+        if self._table is not None:
+            self._table.close()
+            self._table = None
 
     def close(self, timeout_s: float) -> None:
         self.writer.close(timeout_s)
@@ -591,7 +580,7 @@ class Notifier:
             problem,
             self.retry_for_s,
         )
-        self._delivery.retry(post, delay)
+        self._delivery.put(post, after_s=delay)
 
     def _count_error(self) -> None:
         if self.on_error is not None:

@@ -3,7 +3,7 @@
 A judgement whose judge calls failed for a passing reason (a server error, a rate limit, a timeout, a connection
 failure, a batch that expired twice) after the in-call retries is not failed: its job is written to the retry topic
 with a not-before time and its outcome is `retrying`. The judge worker forwards the record to the judge queue when
-its time comes (`streams/judge_worker.py`), so the only store is Kafka: a restart, a rebalance or a kill -9 finds
+its time comes (`streams/retry_scheduler.py`), so the only store is Kafka: a restart, a rebalance or a kill -9 finds
 the waiting job where it was. A reason that cannot pass (auth, a bad request, an answer that failed validation)
 fails at once, and so does a passing one past `--judge-retry-horizon`, with its last reason.
 

@@ -27,7 +27,7 @@ class CompactedTable:
     def __init__(self, clients: KafkaClients, topic: str, apply: Callable[[Sequence[Any]], None], *, what: str):
         self.topic = topic
         self.what = what
-        self._apply = apply
+        self.apply = apply  # may be replaced between `load` and `follow` (on the thread that runs them)
         self._stall_s = stall_bound_s(clients.consumer_config())
         self._consumer: Any = clients.consumer(f"tracejudge-table-{topic}"[:100])
 
@@ -41,7 +41,7 @@ class CompactedTable:
             self._consumer, topic_partitions(self.topic, partitions), what=self.what, stop=stop, stall_s=self._stall_s
         )
         for _, records in reader:
-            self._apply(records)
+            self.apply(records)
 
     def follow(self, stop: threading.Event) -> None:
         """Keep reading what any replica writes, until `stop` (on the caller's thread); partitions not known yet (a
@@ -67,7 +67,7 @@ class CompactedTable:
                 stop.wait(1.0)
                 continue
             for records in batches.values():
-                self._apply(records)
+                self.apply(records)
 
     def close(self) -> None:
         try:

@@ -87,7 +87,7 @@ class Assembler(RebalanceListener):
         self._side_owners: dict[TopicPartition, int] = {}
         self._lag_reported: set[int] = set()
         # What the rebalance listener learned on kafka-python's IO thread, applied by the stream thread (`_rebalanced`)
-        # right after the poll that ran it: ("assigned" | "revoked" | "lost", partitions), in the order it came.
+        # right after the poll that ran it: ("assigned" | "lost", partitions), in the order it came.
         self._rebalances: queue.SimpleQueue[tuple[str, set[int]]] = queue.SimpleQueue()
 
     # -- lifecycle -------------------------------------------------------------------------------------------------
@@ -153,7 +153,7 @@ class Assembler(RebalanceListener):
 
     def close(self, grace_s: float) -> None:
         """Commit what is done, then leave the group (`membership`): the partitions move at once, restored by their next
-        owner from what was just committed (closing revokes them: nothing is left to flush then)."""
+        owner from what was just committed."""
         try:
             self._rebalanced()
             offsets = self._flush(set(self.tasks))
@@ -170,19 +170,20 @@ class Assembler(RebalanceListener):
             except Exception as exc:
                 logger.warning("closing a consumer: %r", exc)
         self.collector.close(grace_s)
-        while not self._rebalances.empty():  # the revocation of closing: flushed and committed above
-            self._rebalances.get_nowait()
-        for task in self.tasks.values():
+        for task in self.tasks.values():  # closing revoked (and dropped) them already, unless the group was gone
             self.state.close_task(task)
         self.tasks.clear()
         self.state.close()
 
     # -- rebalance -------------------------------------------------------------------------------------------------
-    # The listener runs on kafka-python's IO thread while the stream thread waits in poll(): it only pauses what was
-    # assigned (the group consumer's fetch state, before its next fetch) and queues what it learned. The stream
-    # thread applies that right after the poll returns (`_rebalanced`), before it reads anything: a revoked task is
-    # flushed and committed before the next poll, and a partition revoked in a cooperative rebalance reaches its next
-    # owner only in the follow-up rebalance, which that next poll joins.
+    # The listener runs on kafka-python's IO thread while the stream thread is parked in poll() (or close()) waiting
+    # for it. An assignment or a loss is only queued (a newly assigned partition is paused first: the group
+    # consumer's fetch state, before its next fetch) and applied by the stream thread right after the poll returns
+    # (`_rebalanced`), before it reads anything. A revocation cannot wait for that: kafka-python's poll() goes on
+    # polling until its timeout, and so sends the follow-up JoinGroup of a cooperative rebalance in the same call;
+    # the revoked partitions would reach their next owner before a deferred flush and commit. So the revocation is
+    # applied in the callback, as a synchronous hand-off (as Java's consumer runs the listener on the polling thread):
+    # the stream thread is parked until it returns, so no task is ever changed by two threads at once.
 
     def _mine(self, partitions: Any) -> set[int]:
         return {tp.partition for tp in partitions if tp.topic == self.settings.topic}
@@ -197,8 +198,21 @@ class Assembler(RebalanceListener):
 
     async def on_partitions_revoked(self, revoked: Any) -> None:
         mine = self._mine(revoked)
-        if mine:
-            self._rebalances.put(("revoked", mine))
+        if not mine:
+            return
+        assert self.group is not None
+        self._rebalanced()  # an assignment queued earlier in the same poll: its task exists before it is revoked
+        mine &= set(self.tasks)
+        if not mine:
+            return
+        try:
+            offsets = self._flush(mine, timeout_s=5.0, revoking=True)  # the new owner restores what we flush now
+            if offsets:
+                await self.group.commit_async(offsets)  # the IO thread: a blocking commit would wait on itself
+        except Exception as exc:
+            logger.warning("commit on revocation failed (the new owner re-reads from the last commit): %r", exc)
+        self._drop(mine)
+        logger.info("partitions revoked: %s (state handed over through the changelog)", sorted(mine))
 
     async def on_partitions_lost(self, lost: Any) -> None:
         mine = self._mine(lost)
@@ -206,7 +220,7 @@ class Assembler(RebalanceListener):
             self._rebalances.put(("lost", mine))
 
     def _rebalanced(self) -> None:
-        """What the listener queued, applied on the stream thread in the order it came."""
+        """What the listener queued (assignments, losses), applied in the order it came."""
         while True:
             try:
                 what, partitions = self._rebalances.get_nowait()
@@ -217,8 +231,6 @@ class Assembler(RebalanceListener):
                 for partition in partitions:
                     self.tasks[partition] = self.state.new_task(partition)
                 logger.info("partitions assigned: %s (restoring their state)", sorted(partitions))
-            elif what == "revoked":
-                self._revoke(partitions & set(self.tasks))
             else:
                 mine = partitions & set(self.tasks)
                 self._drop(mine)  # evicted: a commit would be refused; the new owner restores the last flushed state
@@ -226,19 +238,6 @@ class Assembler(RebalanceListener):
                     logger.warning(
                         "partitions lost: %s (the new owner restores their last committed state)", sorted(mine)
                     )
-
-    def _revoke(self, mine: set[int]) -> None:
-        if not mine:
-            return
-        assert self.group is not None
-        try:
-            offsets = self._flush(mine, timeout_s=5.0, revoking=True)  # the new owner restores what we flush now
-            if offsets:
-                self.group.commit(offsets)
-        except Exception as exc:
-            logger.warning("commit on revocation failed (the new owner re-reads from the last commit): %r", exc)
-        self._drop(mine)
-        logger.info("partitions revoked: %s (state handed over through the changelog)", sorted(mine))
 
     def _drop(self, partitions: set[int]) -> None:
         for partition in partitions:

@@ -46,9 +46,9 @@ class RangeAssembler:
         for event in events:
             owner = state_partition(event.conversation_id, self.partitions)
             # As live: in order only if read where it belongs, from a record keyed by its conversation id; a routed
-            # event moves its owner's clock by its record time (live, the repartition record carries it).
+            # event does not move its owner's clock (its time is the partition it was read from, whose own input the
+            # owner may not have read that far: `Processor.repartitioned`).
             ordered = owner == partition and key == event.conversation_id.encode("utf-8", "surrogatepass")
-            self.clocks[owner] = max(self.clocks[owner], ts_ms)
             try:
                 self.tables[owner].apply(event, ts_ms, ordered=ordered)
             except Exception as exc:  # nothing a record contains may stop the backfill

@@ -198,7 +198,7 @@ def test_recording_a_delivery_never_holds_up_the_next_post_and_a_post_is_done_on
     try:
         again = reader.load()
     finally:
-        reader._reader.close()
+        reader.stop_reading()
     assert {result_id for result_id, _ in again} == {json.loads(d.body)["id"] for d in receiver.deliveries}
 
 
@@ -215,7 +215,7 @@ def test_the_delivered_ids_are_read_to_the_high_watermark(broker: EmbeddedBroker
     try:
         assert len(reader.load()) == 1200
     finally:
-        reader._reader.close()
+        reader.stop_reading()
 
 
 def test_follow_waits_for_the_partitions_of_a_topic_created_after_it_started(broker: EmbeddedBroker) -> None:

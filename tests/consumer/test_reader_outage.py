@@ -130,7 +130,7 @@ def test_consume_start_fails_with_kafka_unreachable_when_the_delivered_ids_read_
 ) -> None:
     """build_notifier reads `<group>-notifications` to its end; the broker frozen mid-read once stuck the start with
     no way to stop it. Now the start fails with KafkaUnreachable (consume: one line, exit 69)."""
-    import tracejudge.consumer.emit.notify as notify
+    import tracejudge.consumer.kafka.table as table
     from tracejudge.consumer.app import build_notifier
 
     settings = consumer_settings(own_broker.bootstrap_servers, "unused", notify_url=["http://127.0.0.1:9/hook"])
@@ -139,14 +139,14 @@ def test_consume_start_fails_with_kafka_unreachable_when_the_delivered_ids_read_
     writer = KafkaWriter(own_broker.bootstrap_servers, topic, durable=True).start()
     assert all(writer.write(f"r{i}\x1fhttp://127.0.0.1:9/hook".encode(), b"1").wait(30) for i in range(20))
     writer.close(5)
-    original = notify.records_to_end
 
-    def freezing(consumer: Any, partitions: Any, **kwargs: Any) -> Any:
-        assert own_broker._process is not None
-        own_broker._process.send_signal(signal.SIGSTOP)
-        yield from original(consumer, partitions, **kwargs)
+    class Freezing(table.TopicReader):
+        def __iter__(self) -> Any:
+            assert own_broker._process is not None
+            own_broker._process.send_signal(signal.SIGSTOP)
+            yield from super().__iter__()
 
-    monkeypatch.setattr(notify, "records_to_end", freezing)
+    monkeypatch.setattr(table, "TopicReader", Freezing)
     thread, out = _in_thread(lambda: build_notifier(settings, NotificationInstruments(CollectorRegistry())))
     thread.join(STALL_S + 30)
     assert not thread.is_alive(), "consumer start stuck in the delivered-ids read with the broker frozen"

@@ -228,6 +228,12 @@ class TraceKeyed(SpanExporter):
 def test_trace_keyed_spans_with_three_replicas_and_a_restart(
     broker: EmbeddedBroker, judge_server: JudgeServer, tmp_path: Path
 ) -> None:
+    """Turn 3 and the end markers are written while partitions move to the replica joining: a moved task reads its
+    repartition partition (events routed from elsewhere, stamped later) before its input backlog (turn 3 of
+    conversations owned elsewhere). Its clock must not claim that backlog read (tests/consumer/
+    test_trace_keyed_windows.py): an end marker read elsewhere then completed its conversation without turn 3. The
+    end grace is short here so the burst outlasts it (each record is flushed before the next: nothing here is late,
+    so a correct clock needs no grace at all)."""
     judge_server.responder = scripted_judge
     topic, results, group = _setup(broker)
     provider = TracerProvider(resource=Resource.create({"service.name": "collector-route"}))
@@ -237,7 +243,8 @@ def test_trace_keyed_spans_with_three_replicas_and_a_restart(
     def respond(question: str, session_id: str) -> str:
         return "answer to " + question
 
-    replicas = [Replica(broker, topic, group, results, tmp_path / f"r{i}.log") for i in range(3)]
+    env = {"TRACEJUDGE_END_GRACE": "0.3"}
+    replicas = [Replica(broker, topic, group, results, tmp_path / f"r{i}.log", **env) for i in range(3)]
     for replica in replicas:
         replica.ready()
     ids = [f"t{i}" for i in range(30)]
@@ -246,7 +253,8 @@ def test_trace_keyed_spans_with_three_replicas_and_a_restart(
             respond(f"win {cid} q{k}", session_id=cid)  # one trace per turn
     wait_for(lambda: sum(r.metric("tracejudge_span_events_total", route="repartition") for r in replicas) > 0, 60)
     replicas[1].stop("term")
-    replicas[1] = Replica(broker, topic, group, results, tmp_path / "r1b.log")
+    replicas[1] = Replica(broker, topic, group, results, tmp_path / "r1b.log", **env)
+    wait_for(lambda: "consuming 'win-" in replicas[1].log.read_text(), 90, "the new replica joining")
     for cid in ids:
         respond(f"win {cid} q3", session_id=cid)
         end_conversation(cid, agent="support", tracer_provider=provider)

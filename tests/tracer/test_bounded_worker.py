@@ -52,12 +52,14 @@ def test_a_full_queue_drops_the_new_item_and_counts_it(handler: Handler) -> None
     worker.put(0)
     assert handler.entered.wait(10)  # 0 is being handled: the queue is empty again
     assert [worker.put(i) for i in range(1, 6)] == [True, True, True, False, False]
-    assert worker.pending == 3 and worker.drops == {FULL: 2} and drops == [(1, FULL), (1, FULL)]
+    assert (
+        worker.pending == 3 and worker.drops == {FULL: 2, CLOSED: 0, UNHANDLED: 0} and drops == [(1, FULL), (1, FULL)]
+    )
     handler.gate.set()
     assert worker.flush(10)
     assert worker.close(5)
     assert handler.handled == [0, 1, 2, 3] and not worker.alive
-    assert worker.put(9) is False and worker.drops == {FULL: 2, CLOSED: 1}
+    assert worker.put(9) is False and worker.drops[CLOSED] == 1 and worker.dropped == 3
 
 
 def test_batches_by_size_and_by_linger(handler: Handler) -> None:
@@ -87,7 +89,7 @@ def test_close_returns_false_at_its_deadline_while_a_handler_is_stuck_and_counts
     assert worker.close(0.2) is False
     took = time.monotonic() - started
     assert took < 2.0, f"close took {took:.2f} s against a 0.2 s deadline"
-    assert worker.pending == 0 and worker.drops == {UNHANDLED: 5} and drops == [(5, UNHANDLED)]
+    assert worker.pending == 0 and worker.dropped == worker.drops[UNHANDLED] == 5 and drops == [(5, UNHANDLED)]
     assert worker.flush(0.05) is False  # the stuck one is still being handled
     handler.gate.set()  # it returns: the thread sees the close and ends
     worker._thread.join(10)
@@ -118,13 +120,13 @@ def test_a_retry_waits_for_its_delay_and_goes_before_newer_items(handler: Handle
     worker: BoundedWorker[int] = BoundedWorker(handler, name="t-retry", start=False)
     worker.put(1)
     started = time.monotonic()
-    assert worker.retry(0, 0.2)
+    assert worker.put(0, after_s=0.2)
     worker.start()
     assert worker.flush(10)
     assert handler.handled == [1, 0]  # 1 was ready, 0 only after its delay
     assert handler.calls[1] - started >= 0.2
     assert worker.close(5)
-    assert worker.retry(5, 0.0) is False and worker.drops == {CLOSED: 1}
+    assert worker.put(5, after_s=0.0) is False and worker.dropped == worker.drops[CLOSED] == 1
 
 
 def test_close_does_not_wait_for_a_backoff_and_counts_the_failed_batch() -> None:
@@ -136,7 +138,7 @@ def test_close_does_not_wait_for_a_backoff_and_counts_the_failed_batch() -> None
     started = time.monotonic()
     assert worker.close(5) is False
     assert time.monotonic() - started < 2.0 and not worker.alive
-    assert worker.drops == {UNHANDLED: 2} and len(handler.calls) == 1
+    assert worker.dropped == worker.drops[UNHANDLED] == 2 and len(handler.calls) == 1
 
 
 def test_a_handler_that_raises_does_not_end_the_thread_unless_its_owner_says_so() -> None:
