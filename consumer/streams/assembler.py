@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..conversation.job import JudgeJob
-from ..conversation.table import COMPLETED, OPEN, MemoryBound
+from ..conversation.table import MemoryBound
 from ..emit.prometheus import ConsumerInstruments
 from ..kafka import KafkaClients, KafkaConsumer, OffsetAndMetadata, RebalanceListener, TopicPartition
 from ..kafka.membership import close_leaving, guard_membership
@@ -55,7 +55,7 @@ class Assembler(RebalanceListener):
         select: Callable[[JudgeJob], bool],
         *,
         partitions: int,
-        clients: KafkaClients,
+        clients: KafkaClients | None = None,
     ) -> None:
         self.settings = settings
         self.prometheus = prometheus
@@ -64,7 +64,7 @@ class Assembler(RebalanceListener):
         self.topics = InternalTopics(settings.group_id)
         self.memory = MemoryBound(settings.max_state_bytes)
         self.tasks: dict[int, Task] = {}
-        self.clients = clients
+        self.clients = clients = clients or KafkaClients.from_settings(settings)
         self.group: KafkaConsumer | None = None
         self.side: KafkaConsumer | None = None
         self.collector = RecordCollector(settings, prometheus, self.topics, clients)
@@ -336,17 +336,7 @@ class Assembler(RebalanceListener):
     # -- gauges ----------------------------------------------------------------------------------------------------
 
     def update_gauges(self, *, lag: bool) -> None:
-        open_count = sum(task.table.open_count for task in self.tasks.values())
-        total = sum(len(task.table) for task in self.tasks.values())
-        self.prometheus.sessions_open.set(open_count)
-        self.instruments.conversations.labels(status=OPEN).set(open_count)
-        self.instruments.conversations.labels(status=COMPLETED).set(total - open_count)
-        self.instruments.bytes.set(self.memory.used)
-        self.instruments.on_disk.set(sum(task.table.spilled_count for task in self.tasks.values()))
-        for task in self.tasks.values():
-            for key, delta in task.counted_since_reported().items():
-                if delta > 0 and key.startswith("forgotten_"):
-                    self.instruments.forgotten.labels(reason=key.removeprefix("forgotten_")).inc(delta)
+        self.prometheus.sessions_open.set(self.instruments.report_tables(self.tasks.values(), self.memory.used))
         if not lag or self.group is None:
             return
         for task in self.tasks.values():

@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from ..conversation.table import COMPLETED, OPEN
+
+if TYPE_CHECKING:
+    from .task import Task
 
 RESTORE_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 FORGOTTEN_REASONS = ("retention", "memory", "empty", "unreadable")
@@ -75,3 +83,18 @@ class StreamsInstruments:
             self.store_errors.labels(reason=reason)
         for route in ("local", "repartition"):
             self.routed.labels(route=route)
+
+    def report_tables(self, tasks: Iterable[Task], memory_used: int) -> int:
+        """The tables' gauges and what they forgot since the last report (on the stream thread); the open count."""
+        tasks = list(tasks)
+        open_count = sum(task.table.open_count for task in tasks)
+        total = sum(len(task.table) for task in tasks)
+        self.conversations.labels(status=OPEN).set(open_count)
+        self.conversations.labels(status=COMPLETED).set(total - open_count)
+        self.bytes.set(memory_used)
+        self.on_disk.set(sum(task.table.spilled_count for task in tasks))
+        for task in tasks:
+            for key, delta in task.counted_since_reported().items():
+                if delta > 0 and key.startswith("forgotten_"):
+                    self.forgotten.labels(reason=key.removeprefix("forgotten_")).inc(delta)
+        return open_count

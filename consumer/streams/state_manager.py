@@ -21,8 +21,6 @@ import time
 from collections.abc import Callable, MutableMapping, Sequence
 from typing import Any
 
-from tracejudge._shared.rate_limited_log import RateLimitedLog
-
 from ..conversation.store import LocalStore, StoreError, tagged
 from ..conversation.store import activity_ms as stored_activity_ms
 from ..conversation.store import decode as store_decode
@@ -31,6 +29,7 @@ from ..settings import Settings
 from . import records as R
 from .instruments import StreamsInstruments
 from .state_directory import StateDirectory
+from .state_failures import StateFailures
 from .task import Task
 
 logger = logging.getLogger("tracejudge.consumer.streams")
@@ -47,8 +46,7 @@ class StateManager:
         self.memory = memory
         self.instruments = instruments
         self.directory = StateDirectory(settings.state_dir, settings.group_id, settings.group_instance_id)
-        self._store_log = RateLimitedLog(logger, interval_s=30.0)
-        self._unreadable_log = RateLimitedLog(logger, interval_s=30.0)
+        self.failures = StateFailures(instruments, settings.state_dir)
 
     def new_table(self, store: LocalStore | None = None) -> ConversationTable:
         """A task's table: the settings' rules, the process's memory bound, `store` to spill to (none: memory only)."""
@@ -60,7 +58,7 @@ class StateManager:
         try:
             store = self.directory.open_store(partition)
         except (StoreError, OSError) as exc:
-            self.store_failed(exc, partition)
+            self.failures.store_failed(exc, partition)
         checkpoint = self.directory.read_checkpoint(partition) if store is not None else None
         if store is not None and checkpoint is not None and self._stale(partition):
             # Older than the changelog keeps tombstones (delete.retention.ms, a day by default) or than the state
@@ -72,7 +70,7 @@ class StateManager:
             try:  # a store without a (fresh) checkpoint may hold anything: the changelog restores it from the start
                 store.wipe()
             except StoreError as exc:  # what it holds cannot be trusted: the task runs from memory and the changelog
-                self.store_failed(exc, partition)
+                self.failures.store_failed(exc, partition)
                 store.close()
                 store = None
         task = Task(partition, self.new_table(store), store=store)
@@ -107,30 +105,6 @@ class StateManager:
 
     def close(self) -> None:
         self.directory.close()
-
-    def _unreadable(self, what: str, cid: str, exc: BaseException) -> None:
-        """A restored state that cannot be read costs that conversation (counted), never the partition."""
-        self.instruments.forgotten.labels(reason="unreadable").inc()
-        self._unreadable_log.warning(
-            "unreadable %s of conversation %r, left out of the restore: %r (a changelog written by another program or"
-            " a newer tracejudge? its later spans start it again; check what writes the changelog topic)",
-            what,
-            cid,
-            exc,
-        )
-
-    def store_failed(self, exc: BaseException, partition: int) -> None:
-        reason = exc.reason if isinstance(exc, StoreError) else "io"
-        self.instruments.store_errors.labels(reason=reason).inc()
-        self._store_log.warning(
-            "partition %d: the local store under --state-dir %s failed (%s): %s. Its conversations stay in memory,"
-            " and past --max-open-conversations / --max-state-bytes the least recently active complete early"
-            " (completed_by=memory_bound); free space on that volume or grow it (docs/state.md, the local store)",
-            partition,
-            self.settings.state_dir,
-            reason,
-            exc,
-        )
 
     # -- restoration -----------------------------------------------------------------------------------------------
 
@@ -221,7 +195,7 @@ class StateManager:
                 try:
                     task.table.restore(None if value is None else R.decode_state(kind, value), cid)
                 except Exception as exc:  # an unreadable state costs that conversation, never the partition
-                    self._unreadable("changelog state", cid, exc)
+                    self.failures.unreadable("changelog state", cid, exc)
         finally:
             if collecting:
                 # Not gc.freeze()/unfreeze() to skip the young passes over what was loaded: that is process-wide, and
@@ -243,7 +217,7 @@ class StateManager:
             return True
         except StoreError as exc:
             task.store_wrote(False)
-            self.store_failed(exc, task.partition)
+            self.failures.store_failed(exc, task.partition)
             return False
 
     def _load_changelog(
@@ -260,7 +234,7 @@ class StateManager:
             try:
                 order.append((R.state_activity_ms(kind, value), cid))
             except Exception as exc:  # an unreadable state costs that conversation, never the partition
-                self._unreadable("changelog state", cid, exc)
+                self.failures.unreadable("changelog state", cid, exc)
                 continue
             values[cid] = (kind, value)
 
@@ -283,7 +257,7 @@ class StateManager:
             try:
                 order.append((stored_activity_ms(value), cid))
             except Exception as exc:  # an unreadable state costs that conversation, never the partition
-                self._unreadable("stored state", cid, exc)
+                self.failures.unreadable("stored state", cid, exc)
                 continue
             if room > 0:
                 kept[cid] = value
@@ -311,7 +285,7 @@ class StateManager:
             try:
                 state = read(cid)
             except Exception as exc:
-                self._unreadable("state", cid, exc)
+                self.failures.unreadable("state", cid, exc)
                 continue
             if state is None:
                 continue
@@ -339,7 +313,7 @@ class StateManager:
             task.store.write(puts, [cid for cid, (_, value) in encoded.items() if value is None])
         except StoreError as exc:
             task.store_wrote(False)
-            self.store_failed(exc, task.partition)
+            self.failures.store_failed(exc, task.partition)
             return
         if task.store_wrote(True):
             logger.info("partition %d: the local store under --state-dir writes again", task.partition)
@@ -355,4 +329,4 @@ class StateManager:
         try:
             self.directory.write_checkpoint(task.partition, task.changelog_acked, task.positions())
         except OSError as exc:
-            self.store_failed(exc, task.partition)
+            self.failures.store_failed(exc, task.partition)

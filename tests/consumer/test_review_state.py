@@ -134,6 +134,7 @@ class FakeSide:
 
 def assembler(**options: Any) -> Assembler:
     registry = CollectorRegistry()
+    from tracejudge.consumer.kafka import KafkaClients
     from tracejudge.consumer.streams.instruments import StreamsInstruments
 
     settings = Settings.from_options(topic="spans", group_id="g", **options)
@@ -149,7 +150,7 @@ def assembler(**options: Any) -> Assembler:
         StreamsInstruments(registry),
         lambda job: True,
         partitions=2,
-        producer_factory=producer_factory,  # type: ignore[arg-type]
+        clients=KafkaClients("localhost:9", producer_factory=producer_factory),
     )
     asm.collector.open()
     asm.group = FakeGroup()  # type: ignore[assignment]
