@@ -291,9 +291,7 @@ class DeliveredIds:
 
         found: set[tuple[str, str]] = set()
         clients = KafkaClients(self.bootstrap_servers, self.consumer_config)
-        table = CompactedTable(
-            clients, self.topic, lambda records: found.update(_delivered(records)), what=self._what
-        )
+        table = CompactedTable(clients, self.topic, lambda records: found.update(_delivered(records)), what=self._what)
         try:
             with quiet_kafka_connections():
                 table.load(stop)
