@@ -262,6 +262,8 @@ def test_a_restart_that_replays_the_judged_conversations_notifies_none_twice(
                 300,
                 "the replayed hallucinations recognised as delivered",
             )
+            # As in the first run, the 7 hallucinations can be recognised before the clean conversations are judged.
+            wait_for(lambda: second.metric("tracejudge_sessions_total", outcome="judged") == COUNT, 240, "all rejudged")
             assert len(judge_server.requests) >= judged_before + COUNT  # the replay was judged again
             assert second.metric("tracejudge_notifications_total", outcome="delivered") == 0
         finally:
