@@ -148,11 +148,12 @@ class BoundedWorker(Generic[T]):
             self._flushing += 1
             self._work.notify()
             try:
+                dropped = self.drops[UNHANDLED]
                 while self._queue or self._retries or self._inflight:
                     if (left := deadline - time.monotonic()) <= 0:
                         return False
                     self._idle.wait(left)
-                return True
+                return self.drops[UNHANDLED] == dropped  # a close meanwhile may have given items up
             finally:
                 self._flushing -= 1
 
@@ -165,6 +166,7 @@ class BoundedWorker(Generic[T]):
             self.closed = True
             unhandled_before = self.drops[UNHANDLED]
             self._work.notify()
+            self._idle.notify_all()
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(max(0.0, deadline - time.monotonic()))
         with self._lock:
@@ -174,6 +176,7 @@ class BoundedWorker(Generic[T]):
             if left:
                 self.drops[UNHANDLED] += left
             done = not self._inflight and self.drops[UNHANDLED] == unhandled_before
+            self._idle.notify_all()  # a flush waiting for what was just given up returns now
         if left and self._on_drop is not None:
             self._on_drop(left, UNHANDLED)
         return done
@@ -191,9 +194,12 @@ class BoundedWorker(Generic[T]):
                 if self._on_error is not None:
                     go_on = self._on_error(exc)
                 else:
-                    logger.exception("%s: unexpected error (the thread goes on)", self.name)
+                    logger.exception("%s: unexpected error (the batch is dropped, the thread goes on)", self.name)
             given_up = 0
             with self._lock:
+                if raised and self._on_error is None:  # no policy kept it: dropped, and counted as every drop is
+                    given_up = len(batch)
+                    self.drops[UNHANDLED] += given_up
                 self._inflight = 0
                 self._failures = self._failures + 1 if kept or raised else 0
                 if self._failures:

@@ -11,6 +11,18 @@ SASL_MECHANISMS = frozenset({"PLAIN", "GSSAPI", "OAUTHBEARER", "SCRAM-SHA-256", 
 _SSL_FILES = ("ssl_cafile", "ssl_certfile", "ssl_keyfile", "ssl_crlfile")
 
 
+# Options tracejudge decides for every client, whatever `--kafka-config` says (Settings refuses them there, naming the
+# flag to use): where the internal topics are read from (every completed conversation is judged), the durability of
+# the state and verdicts it writes (acks), its commits, groups and members.
+DECIDED_OPTIONS: dict[str, str] = {
+    "auto_offset_reset": "use --start-from (the internal topics are always read from their beginning)",
+    "enable_auto_commit": "tracejudge commits only what its outputs acknowledged",
+    "group_id": "use --group-id",
+    "group_instance_id": "use --group-instance-id",
+    "acks": "tracejudge writes its state and verdicts with acks=all",
+}
+
+
 def check_kafka_options(options: Mapping[str, Any], known: Iterable[str]) -> None:
     """Raise ValueError naming the first problem: an unknown option, a bad protocol or mechanism, missing files."""
     unknown = sorted(set(options) - set(known))

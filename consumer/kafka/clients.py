@@ -13,7 +13,7 @@ from kafka import KafkaConsumer, KafkaProducer
 from kafka.admin import KafkaAdminClient
 from kafka.coordinator.assignors.cooperative_sticky import CooperativeStickyAssignor
 
-from tracejudge._shared.kafka_options import construct_client
+from tracejudge._shared.kafka_options import DECIDED_OPTIONS, construct_client
 
 # How long the first connection to the brokers may take before the command stops with one line (kafka-python's own
 # default is 30 s of retries); `--kafka-config bootstrap_timeout_ms=MS` changes it.
@@ -46,6 +46,10 @@ def admin_options(options: Mapping[str, Any]) -> dict[str, Any]:
     """The user's options an admin client takes (its own client id excepted)."""
     config = {k: v for k, v in options.items() if k in KafkaAdminClient.DEFAULT_CONFIG and k != "client_id"}
     return {"reconnect_backoff_max_ms": RECONNECT_BACKOFF_MAX_MS, **config}
+
+
+def _undecided(options: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in options.items() if k not in DECIDED_OPTIONS}
 
 
 class KafkaClients:
@@ -101,7 +105,7 @@ class KafkaClients:
     def consumer(self, client_id: str, *, group_id: str | None = None, **overrides: Any) -> Any:
         """A consumer that is assigned partitions by hand (no group join). With `group_id` it commits and reads that
         group's offsets, never joining it."""
-        user = {k: v for k, v in self.consumer_config().items() if k not in ("group_id", "group_instance_id")}
+        user = _undecided(self.consumer_config())
         config = {
             "auto_offset_reset": "earliest",
             **overrides,
@@ -118,8 +122,9 @@ class KafkaClients:
         rest keep being read); subscribe it afterwards. `instance_id` makes it a static member."""
         config: dict[str, Any] = {
             "partition_assignment_strategy": [CooperativeStickyAssignor],
+            "auto_offset_reset": "earliest",
             **overrides,
-            **self.consumer_config(),
+            **_undecided(self.consumer_config()),
             "enable_auto_commit": False,
             "bootstrap_servers": self.bootstrap_servers,
             "client_id": client_id,
@@ -131,8 +136,9 @@ class KafkaClients:
 
     def producer(self, client_id: str, **overrides: Any) -> Any:
         config = {
+            "acks": "all",
             **overrides,
-            **self.producer_config(),
+            **_undecided(self.producer_config()),
             "bootstrap_servers": self.bootstrap_servers,
             "client_id": client_id,
         }
@@ -148,3 +154,14 @@ class KafkaClients:
             yield admin
         finally:
             admin.close()
+
+
+def close_now(producer: Any) -> None:
+    """Close a producer without waiting for what it holds: its unsent batches fail (their errbacks run, so the owner
+    sends them again). kafka-python's `close(timeout=0)` flushes first and raises while anything is in flight,
+    leaving the producer, its thread and sockets alive; its sender is force-closed first (Java's `close(0)`)."""
+    sender = getattr(producer, "_sender", None)
+    if sender is not None and hasattr(sender, "force_close"):
+        sender.force_close()
+        sender.join(5)
+    producer.close(timeout=0)

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from kafka import TopicPartition
+from kafka.errors import KafkaTimeoutError
 
 from tracejudge._shared.rate_limited_log import RateLimitedLog
 
@@ -58,7 +59,10 @@ class HighwaterProbe:
             self._fetching = is_tansu(self._consumer)
         consumer = self._consumer
         if not self._fetching:
-            ends = consumer.end_offsets(list(positions))
+            try:  # bounded as the fetch path is: it runs on the judge thread
+                ends = consumer.end_offsets(list(positions), timeout_ms=timeout_ms)
+            except KafkaTimeoutError:
+                return {}  # not answered in time (a leader moving): measured again next round, the consumer kept
             return {tp: end for tp, end in ends.items() if end is not None}
         consumer.assign(list(positions))
         for tp, position in positions.items():

@@ -40,9 +40,23 @@ class ReadStalled(KafkaUnreachable):
         self.unread = sorted(unread)
 
 
+REQUEST_TIMEOUT_MS = 30_000  # kafka-python's default request_timeout_ms
+FETCH_MAX_WAIT_MS = 500  # and fetch_max_wait_ms
+
+
 def stall_bound_s(config: Mapping[str, Any]) -> float:
-    """No progress for this long ends a read: `bootstrap_timeout_ms` of the client config, at least MIN_STALL_S."""
-    return max(MIN_STALL_S, float(config.get("bootstrap_timeout_ms") or 0) / 1000.0)
+    """No progress for this long ends a read: never shorter than one fetch may legitimately take (the client's
+    `request_timeout_ms` plus `fetch_max_wait_ms`, and a poll's margin), nor than `bootstrap_timeout_ms` or
+    MIN_STALL_S. A slow broker makes a read slower, never a wrong "unreachable"; raising the client's request timeout
+    raises this bound with it."""
+    one_fetch_ms = float(config.get("request_timeout_ms") or REQUEST_TIMEOUT_MS) + float(
+        config.get("fetch_max_wait_ms") or FETCH_MAX_WAIT_MS
+    )
+    return max(
+        MIN_STALL_S,
+        float(config.get("bootstrap_timeout_ms") or 0) / 1000.0,
+        (one_fetch_ms + POLL_MS) / 1000.0,
+    )
 
 
 def _stalled(what: str, stall_s: float, unread: Sequence[int] = ()) -> ReadStalled:

@@ -129,6 +129,10 @@ class JudgeWorker(RebalanceListener):
         mine = self._mine(revoked)
         if not mine or self.consumer is None:
             return
+        # A retry queued by the pool before the revocation is written and acknowledged first: its job's offset then
+        # moves past it, and only the retry record carries the job on (not also the new owner re-reading the job).
+        self.retries.write_rescheduled()
+        self.collector.ready_to_commit()
         self.delivery.drain(self.task.finished)
         queue_offsets, retry_offsets = self._offsets(mine)
         self.retries.commit(retry_offsets)

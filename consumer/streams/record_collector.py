@@ -19,6 +19,7 @@ from tracejudge._shared.rate_limited_log import RateLimitedLog
 from ..emit import KafkaWriter
 from ..emit.prometheus import ConsumerInstruments
 from ..kafka import KafkaClients, KafkaProducer, KafkaTimeoutError
+from ..kafka.clients import close_now
 from ..kafka.topics import InternalTopics
 from ..kafka.wakeup import DeferredWakeup
 from ..settings import Settings
@@ -178,6 +179,6 @@ def close_failed(producer: KafkaProducer | None) -> None:
     if producer is None:
         return
     try:
-        producer.close(timeout=0)
+        close_now(producer)
     except Exception as exc:
         logger.warning("closing the failed producer: %r", exc)

@@ -262,6 +262,7 @@ def test_backfill_finishes_when_a_sink_raises_and_reports_unread_partitions(
     monkeypatch.setattr(app, "build_outputs", lambda *a, **k: app.Outputs([sink]))
     monkeypatch.setattr(clients, "KafkaConsumer", StuckPartitionConsumer)
     monkeypatch.setattr(reader, "MIN_STALL_S", 1.5)
+    monkeypatch.setattr(reader, "REQUEST_TIMEOUT_MS", 500)
     summary = tmp_path / "summary.json"
     monkeypatch.setenv("TRACEJUDGE_BACKFILL_SUMMARY", str(summary))
     results = f"{topic}-results"  # backfill refuses to judge without an output (the sink here replaces it)

@@ -64,7 +64,8 @@ class _OtherBrokerConsumer:
         self._client = type("Client", (), {"cluster": _Cluster("kafka-prod-eu1")})()
         self.asked: list[list[TopicPartition]] = []
 
-    def end_offsets(self, partitions: list[TopicPartition]) -> dict[TopicPartition, int]:
+    def end_offsets(self, partitions: list[TopicPartition], timeout_ms: int | None = None) -> dict[TopicPartition, int]:
+        assert timeout_ms is not None and timeout_ms <= 1000, "the judge thread's probe waits a bounded time"
         self.asked.append(partitions)
         return {tp: 7 for tp in partitions}
 
@@ -110,3 +111,22 @@ def test_on_tansu_both_membership_work_arounds_are_installed(broker: EmbeddedBro
         assert isinstance(consumer._coordinator._do_join_and_sync_async.__self__, CompletedJoinKeeper)
     finally:
         consumer.close()
+
+
+def test_a_replaced_producer_closes_now_and_fails_what_it_held() -> None:
+    """Without `close_now`, kafka-python's close(timeout=0) raises while a send is in flight and leaves the producer's
+    thread and sockets alive, its send neither failed nor delivered (until delivery_timeout_ms, 120 s)."""
+    from tracejudge.consumer.kafka.clients import close_now
+
+    own = EmbeddedBroker().start()
+    try:
+        own.create_topic("held", 1)
+        producer = KafkaProducer(bootstrap_servers=own.bootstrap_servers, acks="all", linger_ms=5)
+        producer.send("held", b"warm").get(30)
+        own.stop()
+        future = producer.send("held", b"in flight")
+        close_now(producer)
+        assert not producer._sender.is_alive() and producer._closed
+        assert future.is_done and future.failed()  # its errback ran: its owner sends it again
+    finally:
+        own.stop()

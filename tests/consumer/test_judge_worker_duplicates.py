@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -20,7 +21,7 @@ from tracejudge.consumer.adapters import Turn
 from tracejudge.consumer.conversation.job import JudgeJob
 from tracejudge.consumer.emit.delivery import Delivery
 from tracejudge.consumer.emit.prometheus import ConsumerInstruments
-from tracejudge.consumer.judging.judgement import OUTCOME_FAILED, OUTCOME_JUDGED, Judgement
+from tracejudge.consumer.judging.judgement import OUTCOME_FAILED, OUTCOME_JUDGED, OUTCOME_RETRYING, Judgement, Retry
 from tracejudge.consumer.kafka import KafkaClients, TopicPartition
 from tracejudge.consumer.settings import Settings
 from tracejudge.consumer.streams import records as R
@@ -369,3 +370,30 @@ def test_a_job_whose_owner_recorded_its_sampled_out_outcome_is_not_answered_and_
     assert judges.pool.submitted == []
     assert judges.producer.acks == [("y", "sampled_out")]  # only the earlier version's job is answered
     assert judges.committed() == 5
+
+
+class _AlwaysRetrying:
+    """A retry policy that turns every judgement into a retry due in 30 s."""
+
+    def review(self, judgement: Judgement) -> Judgement:
+        now = time.time()
+        judgement.outcome = OUTCOME_RETRYING
+        judgement.retry = Retry(1, "timeout", now, now + 3600, next_at=now + 30)
+        return judgement
+
+
+def test_a_retry_queued_before_a_revocation_is_written_and_its_job_committed_past_it() -> None:
+    """The pool hands a retry to the judge thread; the partition is revoked before the thread's next step. The
+    retry record is written and acknowledged within the revocation, so the job's offset is committed past it: the
+    new owner neither re-reads the job nor runs a second retry chain beside the record's."""
+    judges = Judges()
+    judges.delivery.retries = _AlwaysRetrying()  # type: ignore[assignment]
+    judges.read(job_record(5, "x"))
+    job = judges.pool.submitted[0]
+    judges.delivery.judged(Judgement(job, "failed"))  # the pool's thread: a reason that can pass
+    judges.revoke()
+    retry_topic = judges.worker.topics.judge_retry
+    assert [(t, p) for t, _, p in judges.producer.sent if t == retry_topic] == [(retry_topic, 0)]
+    assert judges.committed() == 6  # past the job: the retry record carries it on
+    judges.worker.step()
+    assert len([t for t, _, _ in judges.producer.sent if t == retry_topic]) == 1  # never written twice

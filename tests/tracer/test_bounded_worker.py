@@ -184,3 +184,60 @@ def test_a_forked_child_gets_its_own_empty_queue_and_thread(handler: Handler) ->
     assert worker.pending == 1
     handler.gate.set()
     assert worker.close(10) and handler.handled == [0, 1]
+
+
+def test_a_flush_waiting_while_another_thread_closes_returns_false_at_once() -> None:
+    """A flush waiting on a backoff while close gives the items up: it wakes at the close and says they were not
+    handled (it neither sleeps its whole timeout nor reports success)."""
+    handler = Handler(fail=100)
+    worker = BoundedWorker(handler, name="t-flush-close", backoff=Backoff(30.0, 30.0))
+    worker.put(1)
+    assert handler.entered.wait(10)
+    flushed: list[bool] = []
+    waiting = threading.Thread(target=lambda: flushed.append(worker.flush(20)))
+    waiting.start()
+    started = time.monotonic()
+    assert worker.close(5) is False
+    waiting.join(10)
+    assert flushed == [False] and time.monotonic() - started < 5.0
+    assert worker.drops[UNHANDLED] == 1
+
+
+def test_a_handler_that_raises_without_an_error_policy_drops_its_batch_counted() -> None:
+    dropped: list[tuple[int, str]] = []
+
+    def handle(batch: list[int]) -> None:
+        raise RuntimeError("bug")
+
+    worker = BoundedWorker(handle, name="t-raise-count", max_batch=2, on_drop=lambda n, why: dropped.append((n, why)))
+    worker.put(1)
+    worker.put(2)
+    worker.flush(10)
+    assert worker.drops[UNHANDLED] == 2 and dropped == [(2, UNHANDLED)] and worker.alive
+    assert worker.close(1)
+
+
+def test_the_acknowledging_exporter_waits_out_a_backoff_on_shutdown() -> None:
+    """One export fails (a collector's 503), the batch waits its backoff: shutdown exports it within its deadline and
+    acknowledges the judgement's ticket, instead of giving it up (a restart would judge and pay for it again)."""
+    from tracejudge.consumer.emit.acknowledged import AcknowledgingExporter, Ticket, ticket_for
+
+    class Result:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+    calls: list[float] = []
+
+    def export(items: list[object]) -> Result:
+        calls.append(time.monotonic())
+        return Result("FAILURE" if len(calls) == 1 else "SUCCESS")
+
+    exporter = AcknowledgingExporter(export, schedule_delay_s=0.01)
+    ticket = Ticket(1)
+    with ticket_for(ticket):
+        exporter.export(["span"])
+    deadline = time.monotonic() + 10
+    while not calls and time.monotonic() < deadline:
+        time.sleep(0.01)
+    exporter.shutdown(timeout_millis=5_000)
+    assert len(calls) == 2 and ticket.event.is_set()
