@@ -300,8 +300,10 @@ class ConversationTable:
             if event.feedback is None:
                 return
         if state is None:
-            if event.turn is None and event.feedback is None:
-                return  # an end marker for a conversation this table does not hold
+            if event.turn is None and event.feedback is None and ordered:
+                return  # an end marker read after its conversation's turns, which this table no longer holds
+            # A routed end marker may come before the turns it ends (they wait in a partition read later): it is
+            # held, spanless, and ends them by its own time once they came (or is forgotten at the idle timeout).
             state = ConversationState(id=cid, first_ms=ts_ms, last_ms=ts_ms)
             self.states[cid] = state
             self.memory.used += state.size
@@ -327,8 +329,8 @@ class ConversationTable:
         if event.ended:
             state.ended = True
         self._touch(state)
-        if state.spans and state.ended and state.reordered and self.end_grace_ms > 0:
-            if state.end_due_ms is None:
+        if state.ended and state.reordered and (self.end_grace_ms > 0 or not state.spans):
+            if state.end_due_ms is None:  # by the end marker's time (a turn after it never moves it)
                 state.end_due_ms = ts_ms + self.end_grace_ms
                 self._ending[cid] = state.end_due_ms
         elif state.spans and state.ended:
@@ -373,7 +375,9 @@ class ConversationTable:
             clock = routed_ms if ending is not None and ending.reordered else now_ms
             if due <= clock:
                 del self._ending[cid]
-                if ending is not None and ending.status == OPEN and ending.end_due_ms is not None:
+                # Spanless still once every source passed its time: a stray end marker (its turns completed and
+                # forgotten long ago), left to the idle timeout.
+                if ending is not None and ending.status == OPEN and ending.end_due_ms is not None and ending.spans:
                     ending = self._resident(cid)
                     if ending is not None:
                         self._complete(ending, "end_marker", due)

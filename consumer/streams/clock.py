@@ -14,7 +14,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from ..kafka import KafkaConsumer, TopicPartition
+from ..kafka import KafkaConsumer, KafkaError, TopicPartition
 from ..kafka.highwater import forget_highwater, restore_highwater
 from . import records as R
 from .record_collector import RecordCollector
@@ -83,7 +83,10 @@ class StreamClock:
         position = self.input_position(task, group)
         if end is None or position is None or position < end:
             return False
-        side_end = side.highwater(TopicPartition(self.repartition, task.partition))
+        try:
+            side_end = side.highwater(TopicPartition(self.repartition, task.partition))
+        except KafkaError:  # activated in this step: its repartition partition is assigned from the next one
+            return False
         return side_end is None or task.repartition_position >= side_end
 
     def probe(self, tasks: Iterable[Task], group: KafkaConsumer, side: KafkaConsumer, *, force: bool = False) -> None:

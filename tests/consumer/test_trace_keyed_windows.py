@@ -195,3 +195,46 @@ def test_an_end_marker_routed_in_waits_for_a_turn_in_the_owners_own_input_backlo
     cluster.input(P, 21_000, turn(owned_by(P, "i"), 1, 21_000))
     cluster.round(P, Q, R_)
     assert cluster.judged[c] == [[f"{c}-s1", f"{c}-s2", f"{c}-s3"]]
+
+
+def test_an_end_marker_routed_in_before_any_of_its_turns_ends_the_conversation_once_they_come(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """All of c's turns sit in the backlog of a partition that moved (Q, read late); its end marker, written last,
+    lands on R and reaches the owner P first, while P holds nothing of c. Dropped as "an end marker for a
+    conversation this table does not hold", c then waited the idle timeout (300 s; the process test's one
+    conversation in ~10 runs never judged within 120 s). Kept, c completes once its turns came, by the end marker's
+    time, whole."""
+    cluster = Cluster(monkeypatch)
+    c = owned_by(P, "c")
+    cluster.input(R_, 11_000, end(c))  # read first: Q's input backlog (c's turns) is not fetched yet
+    cluster.input(R_, 20_000, turn(owned_by(P, "g"), 1, 20_000))
+    cluster.input(P, 20_000, turn(owned_by(P, "h"), 1, 20_000))
+    for _ in range(3):
+        cluster.round(P, Q, R_)
+    assert c not in cluster.judged  # its turns are not read: nothing to judge yet
+    for k, ts in ((1, 1_000), (2, 2_000), (3, 10_000)):
+        cluster.input(Q, ts, turn(c, k, ts))  # Q's backlog, in order
+    cluster.input(Q, 21_000, turn(owned_by(Q, "f"), 1, 21_000))  # Q's clock past the end's grace
+    for _ in range(3):
+        cluster.round(P, Q, R_)
+    assert cluster.judged[c] == [[f"{c}-s1", f"{c}-s2", f"{c}-s3"]]
+
+
+def test_a_stray_end_marker_routed_in_is_forgotten_at_the_idle_timeout_and_judges_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An end marker routed in for a conversation whose turns never come (completed and forgotten long ago): held
+    as an empty conversation, it dispatches nothing and is forgotten by the idle timeout (bounded memory)."""
+    cluster = Cluster(monkeypatch)
+    c = owned_by(P, "c")
+    cluster.input(R_, 1_000, end(c))
+    for _ in range(2):
+        cluster.round(P, Q, R_)
+    assert c in cluster.tasks[P].table.states and c not in cluster.judged
+    late = 1_000 + 301_000  # past the idle timeout, on every partition
+    for p in (P, Q, R_):
+        cluster.input(p, late, turn(owned_by(p, f"late{p}-"), 1, late))
+    for _ in range(3):
+        cluster.round(P, Q, R_)
+    assert c not in cluster.tasks[P].table.states and c not in cluster.judged

@@ -258,7 +258,18 @@ def test_trace_keyed_spans_with_three_replicas_and_a_restart(
     for cid in ids:
         respond(f"win {cid} q3", session_id=cid)
         end_conversation(cid, agent="support", tracer_provider=provider)
-    wait_for(lambda: set(calls_by_conversation(judge_server)) >= set(ids), 120, "every conversation judged")
+    try:
+        wait_for(lambda: set(calls_by_conversation(judge_server)) >= set(ids), 120, "every conversation judged")
+    except AssertionError as timed_out:  # say where the missing ones are: completed? open? on which replica?
+        state = [
+            {
+                name: r.metric(name)
+                for name in ("tracejudge_conversations_completed_total", "tracejudge_state_conversations")
+            }
+            for r in replicas
+        ]
+        missing = sorted(set(ids) - set(calls_by_conversation(judge_server)))
+        raise AssertionError(f"{timed_out}: never judged {missing}; per replica {state}") from None
     settle(judge_server)
     routed = {
         route: sum(r.metric("tracejudge_span_events_total", route=route) for r in replicas)
