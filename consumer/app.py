@@ -35,7 +35,8 @@ from .emit.notify import DeliveredIds, NotificationInstruments, Notifier
 from .emit.otel import OUTPUT as OTLP_OUTPUT
 from .emit.otel import CountedLogExporter, CountedSpanExporter, EvaluationEmitter
 from .emit.prometheus import ConsumerInstruments
-from .emit.results_topic import ResultsTopic
+from .emit.results_topic import NO_RESULTS_NOTICE, ResultsTopic
+from .emit.verdict_log import VerdictLog
 from .kafka.connect import reaching_kafka
 from .kafka.topics import InternalTopics
 from .service import ConsumerService
@@ -192,7 +193,7 @@ def build_otlp_providers(
     resource = Resource.create({SERVICE_NAME: service_name})
     tracer_provider = TracerProvider(resource=resource)
     tracer_provider.add_span_processor(
-        SimpleSpanProcessor(  # one duck-typed exporter class serves the span and the log processor
+        flushing(SimpleSpanProcessor)(  # one duck-typed exporter class serves the span and the log processor
             AcknowledgingExporter(  # type: ignore[arg-type]
                 span_exporter.export, shutdown_exporter=span_exporter.shutdown, name="otlp-spans"
             )
@@ -200,7 +201,7 @@ def build_otlp_providers(
     )
     logger_provider = LoggerProvider(resource=resource)
     logger_provider.add_log_record_processor(
-        SimpleLogRecordProcessor(
+        flushing(SimpleLogRecordProcessor)(
             AcknowledgingExporter(  # type: ignore[arg-type]
                 log_exporter.export, shutdown_exporter=log_exporter.shutdown, name="otlp-logs"
             )
@@ -209,13 +210,29 @@ def build_otlp_providers(
     return tracer_provider, logger_provider
 
 
-def flush_providers(*providers: Any) -> None:
-    """Flush and shut down OTLP tracer/logger providers; a failing backend is logged, never raised."""
+def flushing(processor_class: Any) -> Any:
+    """The SDK's Simple*Processor answers every flush at once (it exports on the emitting thread); ours hands items to
+    the acknowledging exporter's queue, so a flush must reach that exporter to wait out its backoffs."""
+
+    class Flushing(processor_class):  # type: ignore[misc, valid-type]
+        def force_flush(self, timeout_millis: int = 30_000) -> bool:
+            exporter = getattr(self, "span_exporter", None) or getattr(self, "_exporter", None)
+            flush = getattr(exporter, "force_flush", None)
+            return bool(flush(timeout_millis)) if flush is not None else True
+
+    Flushing.__name__ = f"Flushing{processor_class.__name__}"
+    return Flushing
+
+
+def flush_providers(*providers: Any, timeout_s: float = 10.0) -> None:
+    """Flush (waiting out a collector's blip) and shut down OTLP tracer/logger providers, all within `timeout_s`;
+    what is still unexported then stays unacknowledged. A failing backend is logged, never raised."""
+    deadline = time.monotonic() + timeout_s
     for provider in providers:
         if provider is None:
             continue
         try:
-            provider.force_flush()
+            provider.force_flush(int(max(0.0, deadline - time.monotonic()) * 1000))
             provider.shutdown()
         except Exception as exc:
             logger.warning("flushing OTLP output: %r", exc)
@@ -230,13 +247,16 @@ class Outputs:
     tracer_provider: Any = None
     logger_provider: Any = None
     notifier: Notifier | None = None
+    verdict_log: VerdictLog | None = None  # the live consumer's line per verdict (build_app)
 
     def close(self, timeout_s: float = 10.0) -> None:
+        if self.verdict_log is not None:
+            self.verdict_log.close()
         if self.notifier is not None:
             self.notifier.close(timeout_s)
         if self.results_writer is not None:
             self.results_writer.close(timeout_s)
-        flush_providers(self.tracer_provider, self.logger_provider)
+        flush_providers(self.tracer_provider, self.logger_provider, timeout_s=timeout_s)
 
 
 def build_outputs(
@@ -247,9 +267,12 @@ def build_outputs(
     service_name: str = "tracejudge-consumer",
     on_output_error: Callable[[str], None] | None = None,
     notifications: NotificationInstruments | None = None,
+    default_results: bool = False,
 ) -> Outputs:
     """`on_output_error(output)` is called for every failed write (e.g. to count it; the write is retried);
-    `notifications`: the notifier's series; without them (backfill) --notify-url is not used."""
+    `notifications`: the notifier's series; without them (backfill) --notify-url is not used. `default_results`: the
+    live consumer writes the results topic without a flag (`Settings.results_topic_name`, `<group>-results`, which
+    it creates); a backfill writes only where --results-topic names."""
     sinks: list[JudgementSink] = []
     acknowledged = False
     if tracer_provider is None and settings.otlp_endpoint:
@@ -263,12 +286,13 @@ def build_outputs(
     if tracer_provider is not None:
         sinks.append(EvaluationEmitter(tracer_provider, logger_provider, acknowledged=acknowledged))
     results_writer = None
-    if settings.results_topic:
+    results_topic = settings.results_topic_name() if default_results else settings.results_topic
+    if results_topic:
         producer_config = settings.producer_config()
         with reaching_kafka(settings.bootstrap_servers, producer_config):  # KafkaUnreachable: one line
             results_writer = KafkaWriter(
                 settings.bootstrap_servers,
-                settings.results_topic,
+                results_topic,
                 durable=True,
                 on_error=(lambda: on_output_error("results_topic")) if on_output_error else None,
                 **producer_config,
@@ -360,8 +384,12 @@ class App:
         """Connect (KafkaUnreachable if the brokers do not answer), then consume until stopped."""
         try:
             self.service.connect()
-            if self.metrics_url is not None:
-                logger.info("metrics at %s", self.metrics_url)
+            if self.metrics_url is not None and self.http_server is not None:
+                host = self.http_server.server_address[0]
+                if host in ("0.0.0.0", "", "::"):  # reachable from here at the URL, from elsewhere at this host's
+                    logger.info("metrics at %s (listening on all interfaces, %s)", self.metrics_url, host or "0.0.0.0")
+                else:
+                    logger.info("metrics at %s", self.metrics_url)
             self.service.run()
         finally:
             self.close()
@@ -409,8 +437,12 @@ def build_app(
             logger_provider=logger_provider,
             on_output_error=prometheus.record_output_error,
             notifications=prometheus.notifications,
+            default_results=True,
         )
-        sinks = [*(extra_sinks or []), *outputs.sinks]
+        if settings.no_results and settings.role != "assemble":
+            logger.info(NO_RESULTS_NOTICE)
+        outputs.verdict_log = VerdictLog()  # a sign of life in the log: a line per verdict, a summary above a rate
+        sinks = [*(extra_sinks or []), *outputs.sinks, outputs.verdict_log]
         service = ConsumerService(
             settings,
             build_judges(settings, judge, redactor, durable_batches=True),

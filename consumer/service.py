@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
+from tracejudge._shared.text import counted
 from tracejudge.metrics import HolisticJudgeMetric
 from tracejudge.metrics.batch import BatchCoordinator
 from tracejudge.metrics.tiers import TIER_BATCH
@@ -33,7 +34,15 @@ from .judging.sampling import Sampler
 from .kafka import KafkaAdminClient, KafkaClients, TopicPartition
 from .kafka.connect import reaching_kafka
 from .kafka.membership import PartitionlessMember
-from .kafka.topics import InternalTopics, TopicLayout, ensure_internal_topics, ensure_topics, partitions_of
+from .kafka.topics import (
+    RESULTS,
+    InternalTopics,
+    TopicLayout,
+    ensure,
+    ensure_internal_topics,
+    ensure_topics,
+    partitions_of,
+)
 from .settings import Settings
 from .streams.assembler import Assembler
 from .streams.batch_store import KafkaBatchStore, batches_topic_spec
@@ -53,7 +62,8 @@ def outcome_summary(prometheus: ConsumerInstruments) -> str:
     """This run's conversations by outcome, read from tracejudge_sessions_total: the log says what /metrics says."""
     count = {o: int(family_total(prometheus.registry, "tracejudge_sessions", outcome=o)) for o in OUTCOMES}
     return (
-        f"{count['judged']} conversations judged, {count['failed']} failed, {count['sampled_out']} sampled out, "
+        f"{counted(count['judged'], 'conversation')} judged, {count['failed']} failed, "
+        f"{count['sampled_out']} sampled out, "
         f"{count['skipped_budget']} skipped for budget in this run"
     )
 
@@ -154,6 +164,8 @@ class ConsumerService:
     def _ensure_topics(self, partitions: int) -> None:
         with self._admin() as admin:
             ensure_internal_topics(admin, self.topics, partitions, self.topic_layout)
+            if RESULTS.needed(self.settings):  # `<group>-results`, the default: created under the same policy
+                ensure(admin, [RESULTS], self.settings.group_id, self.topic_layout, partitions)
 
     # -- run -------------------------------------------------------------------------------------------------------
 

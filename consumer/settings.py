@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from tracejudge._shared.kafka_options import check_kafka_options
+from tracejudge._shared.kafka_options import DECIDED_OPTIONS, check_kafka_options
 
 from .kafka.clients import consumer_options, known_options, producer_options
 
@@ -170,7 +170,18 @@ class Settings(BaseSettings):
         "OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf", "OTLP protocol", group=OUTPUTS
     )
     results_topic: str | None = _env(
-        "TRACEJUDGE_RESULTS_TOPIC", None, "Kafka topic for one JSON result per judgement (none: off)", group=OUTPUTS
+        "TRACEJUDGE_RESULTS_TOPIC",
+        None,
+        "Kafka topic for one JSON result per judgement, its verdict, reason and evidence (none: `<group>-results`, "
+        "created as the internal topics are); explain, export and compare find it from --group-id alone",
+        group=OUTPUTS,
+    )
+    no_results: bool = _env(
+        "TRACEJUDGE_NO_RESULTS",
+        False,
+        "write no results topic: verdicts are only counted (Prometheus, OTLP), and explain, export, watch and "
+        "rejudge have no reason, evidence or outcome to read",
+        group=OUTPUTS,
     )
     results_transcript: bool = _env(
         "TRACEJUDGE_RESULTS_TRANSCRIPT",
@@ -500,6 +511,9 @@ class Settings(BaseSettings):
         else:
             pairs = {k: _coerce(v) for k, v in parse_pairs(value, "Kafka option").items()}
         check_kafka_options(pairs, known_options())
+        decided = sorted(set(pairs) & set(DECIDED_OPTIONS))
+        if decided:
+            raise ValueError(f"{decided[0]} is not a --kafka-config option: {DECIDED_OPTIONS[decided[0]]}")
         return pairs
 
     @field_validator("internal_topic_config", mode="before")
@@ -636,6 +650,20 @@ class Settings(BaseSettings):
         if not 0.0 <= value <= 1.0:
             raise ValueError(f"sample rate must be within 0..1, got {value}")
         return value
+
+    @field_validator("no_results")
+    @classmethod
+    def _no_results(cls, value: bool, info: ValidationInfo) -> bool:
+        if value and info.data.get("results_topic"):  # results_topic is declared first: validated already
+            raise ValueError("contradicts --results-topic / TRACEJUDGE_RESULTS_TOPIC: give one of them")
+        return value
+
+    def results_topic_name(self) -> str | None:
+        """The results topic these settings write and read (kafka/topics.py's `results_topic_of`, the one rule):
+        --results-topic, else `<group>-results`; None with --no-results."""
+        from .kafka.topics import results_topic_of
+
+        return results_topic_of(self)
 
     @model_validator(mode="after")
     def _positive(self) -> Settings:

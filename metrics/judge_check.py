@@ -5,6 +5,7 @@ Public, for the consumer's commands (and anyone embedding the judges); LiteLLM i
 
 from __future__ import annotations
 
+import difflib
 import os
 from dataclasses import dataclass
 
@@ -38,7 +39,19 @@ def judge_model_problem(model: str) -> str | None:
     known = {getattr(p, "value", p) for p in _import_litellm().provider_list}
     if provider in known:
         return None
-    return f"unknown provider {provider!r} in judge model {model!r}: LiteLLM's providers are listed at {PROVIDERS_URL}"
+    return (
+        f"unknown provider {provider!r} in judge model {model!r}{_suggestion(model, provider, known)}: "
+        f"LiteLLM's providers are listed at {PROVIDERS_URL}"
+    )
+
+
+def _suggestion(model: str, provider: str, known: set[str]) -> str:
+    """A bare model name (Ollama's `qwen2.5:7b`) is most often a local OpenAI-compatible server's: say how to name
+    it; a mistyped prefix: the closest provider."""
+    if "/" not in model:
+        return f" (for a model served by an OpenAI-compatible server at OPENAI_BASE_URL: openai/{model})"
+    close = difflib.get_close_matches(provider, sorted(known), n=1)
+    return f" (did you mean {close[0]}/{model.partition('/')[2]}?)" if close else ""
 
 
 # The startup check's request: a few tokens, no rubric (the local test judge answers it as a check).

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["clip", "valid_unicode"]
+__all__ = ["clip", "counted", "valid_unicode"]
 
 
 def valid_unicode(text: str) -> str:
@@ -19,3 +19,8 @@ def clip(text: str, limit: int) -> str:
     if len(text) <= limit:
         return text
     return f"{text[:limit]} …[{len(text) - limit} characters truncated]"
+
+
+def counted(n: int, noun: str, plural: str | None = None) -> str:
+    """`1 conversation`, `2 conversations`: a count a user reads."""
+    return f"{n} {noun if n == 1 else (plural or noun + 's')}"

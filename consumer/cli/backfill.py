@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from tracejudge._shared.text import counted
+
 from .._gc import collect_less
 from ..conversation.job import JudgeJob
 from ..emit.delivery import Delivery
@@ -428,7 +430,8 @@ def _dry_run(namespace: argparse.Namespace, settings: Any, consumer: Any, start:
     else:
         cost = f"${report.estimated_cost_usd:.4f}"
     console.print(
-        f"dry run: would judge {report.selected} conversations ({calls} judge calls with {settings.judge_model}); "
+        f"dry run: would judge {counted(report.selected, 'conversation')} "
+        f"({calls} judge calls with {settings.judge_model}); "
         f"estimated judge cost: {cost}"
     )
     console.print(

@@ -19,6 +19,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from tracejudge._shared.text import counted
 from tracejudge.metrics import (
     CustomLLMClient,
     HolisticJudgeMetric,
@@ -292,7 +293,7 @@ def run_calibrate(namespace: argparse.Namespace, judge: str | CustomLLMClient | 
     console = Console()
     judge_model = judges[0].model_name
     console.print(
-        f"calibrating {judge_model} on {dataset.source}: {len(dataset.items)} conversations, "
+        f"calibrating {judge_model} on {dataset.source}: {counted(len(dataset.items), 'conversation')}, "
         f"{jobs} judge calls ({', '.join(j.name for j in judges)})"
     )
     with Progress(

@@ -25,7 +25,10 @@ EXIT_OK, EXIT_BELOW, EXIT_USAGE = 0, 1, 2
 EXIT_INTERRUPTED = 130  # Ctrl-C: 128 + SIGINT, as a shell reports it
 SIDES = ("shadow", "model", "rubric_version")
 # The consumer options that mean something here: where the results topic is and how to log.
-COMPARE_OPTIONS = frozenset({"bootstrap_servers", "results_topic", "kafka_config", "log_level", "log_format"})
+# --group-id finds the consumer's default results topic (`<group>-results`); --results-topic names another.
+COMPARE_OPTIONS = frozenset(
+    {"bootstrap_servers", "group_id", "results_topic", "kafka_config", "log_level", "log_format"}
+)
 
 
 class CompareError(ValueError):
@@ -179,6 +182,22 @@ def compare_metric(metric: str, pairs: list[tuple[Verdict, Verdict]]) -> dict[st
     return report
 
 
+NO_RESULTS_TOPIC = (
+    "TRACEJUDGE_NO_RESULTS is set: no results topic to read; unset it for this command (the consumer wrote "
+    "`<group>-results`, or its --results-topic, unless it ran with --no-results)"
+)
+
+
+def missing_results_topic(settings: Any, topic: str) -> str:
+    """Why a results topic is not there, for the readers (compare, export): one line, what to give instead."""
+    if settings.results_topic:
+        return f"--results-topic: topic {topic!r} does not exist"
+    return (
+        f"results topic {topic!r} (the default of --group-id {settings.group_id!r}) does not exist: give the "
+        "consumer's --group-id, or its --results-topic if it named one (a consumer with --no-results writes none)"
+    )
+
+
 def read_results(settings: Any) -> list[dict[str, Any]]:
     """Every record of the results topic up to its high watermark (no group, no commits); KafkaUnreachable when the
     brokers do not answer, at the start or once a read makes no progress for the stall bound (kafka.reader). An
@@ -192,7 +211,9 @@ def read_results(settings: Any) -> list[dict[str, Any]]:
     clients = KafkaClients.from_settings(settings)
     config = clients.consumer_config()
     stall_s = stall_bound_s(config)
-    topic = settings.results_topic
+    topic = settings.results_topic_name()
+    if not topic:
+        raise CompareError(NO_RESULTS_TOPIC)
     with reaching_kafka(settings.bootstrap_servers, config):
         consumer = clients.consumer("tracejudge-compare")
     records: list[dict[str, Any]] = []
@@ -200,7 +221,7 @@ def read_results(settings: Any) -> list[dict[str, Any]]:
         try:
             partitions = partitions_for(consumer, topic, what=f"results topic {topic!r}", stall_s=stall_s)
             if not partitions:
-                raise CompareError(f"--results-topic: topic {topic!r} does not exist")
+                raise CompareError(missing_results_topic(settings, topic))
             assigned = topic_partitions(topic, partitions)
             for record in records_to_end(consumer, assigned, what=f"results topic {topic!r}", stall_s=stall_s):
                 try:
@@ -275,8 +296,8 @@ def run_compare(namespace: argparse.Namespace) -> int:
         return _usage(f"invalid time: {exc}")
     if start >= end:
         return _usage(f"--from ({start.isoformat()}) must be before --to ({end.isoformat()})")
-    if not settings.results_topic:
-        return _usage("--results-topic / TRACEJUDGE_RESULTS_TOPIC is needed: the topic the consumer wrote results to")
+    if not settings.results_topic_name():
+        return _usage(NO_RESULTS_TOPIC)
     if namespace.by != "shadow" and (not namespace.a or not namespace.b or namespace.a == namespace.b):
         return _usage(f"--by {namespace.by} needs two different values, --a and --b")
     if namespace.min_agreement is not None and not 0.0 <= namespace.min_agreement <= 1.0:
@@ -308,10 +329,10 @@ def run_compare(namespace: argparse.Namespace) -> int:
         sides = "primary and shadow" if namespace.by == "shadow" else f"{namespace.by} {namespace.a} and {namespace.b}"
         return _usage(
             f"no conversation judged by both {sides} between {start.isoformat()} and {end.isoformat()} in "
-            f"{settings.results_topic!r} ({len(records)} records read)"
+            f"{settings.results_topic_name()!r} ({len(records)} records read)"
         )
     report = {
-        "results_topic": settings.results_topic,
+        "results_topic": settings.results_topic_name(),
         "from": start.isoformat(),
         "to": end.isoformat(),
         "by": namespace.by,

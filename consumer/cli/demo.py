@@ -7,6 +7,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
+import tempfile
 import threading
 import time
 import uuid
@@ -319,6 +321,11 @@ def run_demo(namespace: argparse.Namespace) -> int:
     )
     if "metrics_port" not in given:
         settings = settings.model_copy(update={"metrics_port": 0, "metrics_host": "127.0.0.1"})
+    # The demo's group is new each run: its local store would only be litter in the clone, unless asked for.
+    scratch = None
+    if "state_dir" not in given and not os.environ.get("TRACEJUDGE_STATE_DIR"):
+        scratch = tempfile.mkdtemp(prefix="tracejudge-demo-state-")
+        settings = settings.model_copy(update={"state_dir": scratch})
     judge: Any
     if real_model:
         judge = None
@@ -391,6 +398,8 @@ def run_demo(namespace: argparse.Namespace) -> int:
     finally:
         if broker is not None:
             broker.stop()
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
 
 
 SUMMARY_COLUMNS = ("agent", "judged", "failed", "hallucination rate", "flow score")

@@ -2,7 +2,8 @@
 
 The changelog (`<group>-conversations-changelog`, the conversation's state partition) while the conversation is
 retained: every state record is a moment of its life (its turns as they were seen, its completion and why, the
-snapshots sent to the judges and the outcome each got back). The results topic after, and for the judgements: each
+snapshots sent to the judges and the outcome each got back). The results topic after, and for the judgements (the
+consumer's default `<group>-results`, found from --group-id alone, or --results-topic): each
 metric's record per attempt (retrying until T, then judged, failed with its reason, empty, sampled out with the rate
 and sample point, skipped for budget), with the verdict, reason, evidence, model, rubric version, result id and delay.
 
@@ -80,8 +81,9 @@ def read_story(settings: Any, conversation_id: str) -> tuple[list[Any], list[dic
             read_topic(consumer, changelog, [state_partition(conversation_id, count)], key, stall_s) if count else []
         )
         results: list[dict[str, Any]] = []
-        if settings.results_topic:
-            for record in read_topic(consumer, settings.results_topic, None, key, stall_s):
+        results_topic = settings.results_topic_name()
+        if results_topic:
+            for record in read_topic(consumer, results_topic, None, key, stall_s):
                 try:
                     value = json.loads(record.value)
                 except (TypeError, ValueError):
@@ -225,47 +227,63 @@ def _why_none(outcome: str | None) -> str:
     if outcome == "sampled_out":  # recorded by the owner as it sent the job: the worker may not have read it yet
         return (
             "sampled out when it completed, and the results topic holds no record of it yet: the judge worker has not "
-            "read its job (see tracejudge_judge_queue_lag), or no --results-topic given, the consumer ran without "
-            "one, or --no-results-unjudged"
+            "read its job (see tracejudge_judge_queue_lag), or the consumer ran with --no-results, another "
+            "--results-topic than this one, or --no-results-unjudged"
         )
     return (
-        f"its owner recorded {outcome!r} but the results topic holds no record of it (no --results-topic given, "
-        "the consumer ran without one, or --no-results-unjudged)"
+        f"its owner recorded {outcome!r} but the results topic holds no record of it (the consumer ran with "
+        "--no-results or another --results-topic than this one)"
     )
 
 
 def print_story(story: dict[str, Any], out: Any) -> None:
     w = out.write
-    w(f"conversation {story['conversation_id']}  agent {story['agent']}  ")
+    w(f"conversation {story['conversation_id']}  agent {story['agent'] or '(not recorded)'}  ")
     w(f"({story['status']}; from the {story['source']})\n")
     if story["trace_ids"]:
         w(f"traces: {', '.join(story['trace_ids'])}\n")
     if story["turns"]:
         w(f"turns seen: {len(story['turns'])}\n")
         for turn in story["turns"]:
-            w(f"  {turn['started_at']}  seen {turn['seen_at']}  trace {turn['trace_id']}  {turn['input']!r}\n")
+            times = "  ".join(
+                part for part in (turn["started_at"], f"seen {turn['seen_at']}" if turn["seen_at"] else None) if part
+            )
+            trace = f"  trace {turn['trace_id']}" if turn["trace_id"] else ""
+            w(f"  {times}{trace}  {turn['input']!r}\n")
     else:
         w("turns: no longer in the changelog (past retention); the results below remain\n")
     if story["completed_by"]:
         why = _COMPLETIONS.get(story["completed_by"], story["completed_by"])
-        w(f"completed at {story['completed_at']}: {story['completed_by']} ({why})\n")
+        at = f" at {story['completed_at']}" if story["completed_at"] else ""
+        w(f"completed{at}: {story['completed_by']} ({why})\n")
     elif story["status"] == "open":
         w("not complete yet: it waits for an end marker, --session-idle-timeout of silence or the turn cap\n")
     sampling = story["sampling"]
     if sampling["sampled_in"]:
         w(f"sampling: sampled in (sample point {sampling['sample_point']})\n")
     else:
-        w(f"sampling: sampled out (sample point {sampling['sample_point']} >= rate {sampling['rate']})\n")
+        rate = f" >= rate {sampling['rate']}" if sampling["rate"] is not None else ", its rate not recorded"
+        w(f"sampling: sampled out (sample point {sampling['sample_point']}{rate})\n")
     for i, entry in enumerate(story["judgements"]):
         label = "continuation" if i else "snapshot"
-        w(f"{label} {i + 1}: version {entry['version']}, content {entry['content_id']}\n")
+        w(f"{label} {i + 1}{_known(('version', entry.get('version')), ('content', entry.get('content_id')))}\n")
         if entry["why_none"]:
             w(f"  no judgement: {entry['why_none']}\n")
         for metric, attempts in entry["metrics"].items():
             for attempt in attempts:
                 w(f"  {metric}: {_line(attempt)}\n")
+                if attempt.get("outcome") == "judged":  # the why, not only the verdict: reason and evidence
+                    w(f"    reason: {attempt.get('reason') or '(the judge gave none)'}\n")
+                    evidence = attempt.get("evidence") or []
+                    w(f"    evidence: {'; '.join(repr(str(e)) for e in evidence) if evidence else '(none quoted)'}\n")
     if story["forgotten_at"]:
         w(f"forgotten by its owner at {story['forgotten_at']} (retention)\n")
+
+
+def _known(*fields: tuple[str, Any]) -> str:
+    """`: version 2, content ab12` with the fields that are known; nothing for those that are not (never `None`)."""
+    known = [f"{name} {value}" for name, value in fields if value not in (None, "")]
+    return f": {', '.join(known)}" if known else ""
 
 
 def _line(attempt: dict[str, Any]) -> str:
@@ -276,17 +294,20 @@ def _line(attempt: dict[str, Any]) -> str:
             f"{attempt.get('next_attempt_at')}, until {attempt.get('retry_until')}"
         )
     if outcome == "judged":
-        return (
-            f"judged {attempt.get('verdict')} (score {attempt.get('score')}) by {attempt.get('model')} "
-            f"{attempt.get('rubric_version')}, {attempt.get('delay_s')}s after completion; result "
-            f"{attempt.get('result_id')}; reason: {attempt.get('reason')}; evidence: {attempt.get('evidence') or []}"
-        )
+        score = f" (score {attempt['score']})" if attempt.get("score") is not None else ""
+        judge = " ".join(str(attempt[k]) for k in ("model", "rubric_version") if attempt.get(k))
+        delay = f", {attempt['delay_s']}s after completion" if attempt.get("delay_s") is not None else ""
+        result = f"; result {attempt['result_id']}" if attempt.get("result_id") else ""
+        return f"judged {attempt.get('verdict')}{score}{' by ' + judge if judge else ''}{delay}{result}"
     if outcome == "sampled_out":
-        return f"sampled out (rate {attempt.get('sample_rate')}, sample point {attempt.get('sample_point')})"
+        return (
+            f"sampled out{_known(('rate', attempt.get('sample_rate')), ('sample point', attempt.get('sample_point')))}"
+        )
     if outcome == "skipped_budget":
         return "skipped: --max-cost-per-hour was spent"
     tries = f" after {attempt['attempt']} attempts" if attempt.get("attempt") else ""
-    return f"{outcome} ({attempt.get('error_kind')}){tries}: {attempt.get('error')}"
+    kind = f" ({attempt['error_kind']})" if attempt.get("error_kind") else ""
+    return f"{outcome}{kind}{tries}: {attempt.get('error') or 'no reason recorded'}"
 
 
 def run_explain(namespace: argparse.Namespace) -> int:
@@ -305,8 +326,11 @@ def run_explain(namespace: argparse.Namespace) -> int:
     story = build_story(conversation_id, states, results)
     if story is None:
         where = f"the changelog of group {settings.group_id!r}"
-        if settings.results_topic:
-            where += f" or the results topic {settings.results_topic!r}"
+        results_topic = settings.results_topic_name()
+        if results_topic:
+            where += f" or the results topic {results_topic!r}"
+        else:
+            where += " (TRACEJUDGE_NO_RESULTS: no results topic read)"
         print(f"tracejudge explain: no conversation {conversation_id!r} in {where}", file=sys.stderr)
         return EXIT_UNKNOWN
     if namespace.json:

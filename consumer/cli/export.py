@@ -1,12 +1,15 @@
 """`tracejudge export`: the conversations behind chosen verdicts, as a dataset and a regression suite.
 
-Read from the results topic (no group, no commits): a record carries its conversation's turns as the judge saw them
-(redacted, clipped, windowed) when the consumer runs with `--results-transcript`; records without them are counted
-and said, never exported half. A result id read twice counts once, its newest copy winning (a replay re-judged
-differently). One JSON line per conversation (its latest judged transcript that matches), shaped as
-the seeds' `ConversationalEvalTestCase` (`name`, `turns`) with the verdict, reason, evidence, model, rubric version,
-result id and trace id; `tracejudge.metrics.dataset.load_conversations(path)` reads it back. `--pytest` writes a test
-module that re-judges each of them (see REGRESSION_SUITE).
+Read from the results topic (the consumer's `<group>-results`, found from --group-id alone, or --results-topic; no
+group joined, no commits): a record carries its conversation's turns as the judge saw them (redacted, clipped,
+windowed) when the consumer runs with `--results-transcript`; records without them are counted and said, never
+exported half, and when none of the matching results has one, nothing is written and the one line says what to
+switch on (exit 2, as the other "nothing to work with" answers). A result id read twice counts once, its newest
+copy winning (a replay re-judged differently). One JSON line per conversation (its latest judged transcript that
+matches), shaped as the seeds' `ConversationalEvalTestCase` (`name`, `turns`) with the verdict, reason, evidence,
+model, rubric version, result id and trace id; `tracejudge.metrics.dataset.load_conversations(path)` reads it back.
+`--pytest` writes a test module that re-judges each of them (REGRESSION_SUITE): it runs where it was made, in the
+consumer's install, with `python FILE` (pytest optional), and says at its top which judge variables it needs.
 """
 
 from __future__ import annotations
@@ -64,7 +67,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--pytest",
         default=None,
         metavar="test_PATH.py",
-        help="also write a pytest module that re-judges every exported conversation (default not written)",
+        help="also write a test module that re-judges every exported conversation: `python FILE` in the consumer's "
+        "install, or pytest (default not written)",
     )
 
 
@@ -202,11 +206,23 @@ def line_of(results: list[dict[str, Any]]) -> dict[str, Any]:
     return line
 
 
-REGRESSION_SUITE = '''"""Regression suite written by `tracejudge export` ({when}): {count} conversations, {what}.
+REGRESSION_SUITE = '''"""Regression suite written by `tracejudge export` ({when}): {count}, {what}.
+
+How to run it: in the environment tracejudge's consumer is installed in (from a clone:
+`pip install './tracejudge[consumer]'`, where ./tracejudge is the clone), with the judge's variables set as for
+`tracejudge consume`:
+
+    OPENAI_BASE_URL=http://127.0.0.1:11434/v1 OPENAI_API_KEY=placeholder python {name}
+
+OPENAI_BASE_URL and OPENAI_API_KEY (any value for a local server) for an OpenAI-compatible server (Ollama, vLLM,
+llama.cpp); for a hosted model only its provider's key (OPENAI_API_KEY, ANTHROPIC_API_KEY, GEMINI_API_KEY, ...).
+Without them it stops at once with one line naming the missing variable. Where pytest is installed too
+(`pip install pytest`: not part of the consumer's install), `python -m pytest {name}` runs the same tests.
+The judge model is TRACEJUDGE_JUDGE_MODEL (default: the recorded one, {models}). LiteLLM's bundled price list is
+used (no download).
 
 Each test re-judges one exported conversation, its turns exactly as the production judge saw them (redacted,
-windowed), with the metric that judged it; the judge model is TRACEJUDGE_JUDGE_MODEL (default: the recorded one,
-{models}).
+windowed), with the metric that judged it:
 
 - Re-judging the recorded answers (the default): a test fails when the verdict is no longer the recorded one, i.e.
   the judge (model, rubric, prompt) no longer judges the conversation as production did.
@@ -218,23 +234,74 @@ windowed), with the metric that judged it; the judge model is TRACEJUDGE_JUDGE_M
 
 from __future__ import annotations
 
+import os
+import sys
+
+# Before LiteLLM is imported (by tracejudge.metrics): its bundled price list, not a fetch from the internet.
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
 import asyncio
 import importlib
 import inspect
-import os
 from pathlib import Path
 
-import pytest
-
-from tracejudge.metrics import ConversationalFlowRateMetric, EvalTestCase, FailureRateMetric, evaluate_conversations
+from tracejudge.metrics import (
+    ConversationalFlowRateMetric,
+    EvalTestCase,
+    FailureRateMetric,
+    evaluate_conversations,
+)
 from tracejudge.metrics.compat import ConversationalEvalTestCase
 from tracejudge.metrics.dataset import load_conversations
 
-DATASET = Path(__file__).parent / {dataset!r}
+DATASET = Path(__file__).parent / {dataset}
 CASES = load_conversations(DATASET)
 JUDGES = {{"failure_rate": FailureRateMetric, "conversational_flow": ConversationalFlowRateMetric}}
 REPLAY_AGENT = os.environ.get("TRACEJUDGE_REPLAY_AGENT")
 PARAMS = [(case, result) for case in CASES for result in case.results]
+IDS = [f"{{case.name}}-{{result['metric']}}" for case, result in PARAMS]
+
+
+def judge_model(recorded: dict) -> str:
+    return os.environ.get("TRACEJUDGE_JUDGE_MODEL") or recorded["model"]
+
+
+def missing_variable(model: str) -> str | None:
+    """One line naming the variable the judge `model` needs and lacks, or None (LiteLLM's own resolution)."""
+    import litellm
+
+    from tracejudge.metrics.judge_check import judge_endpoint
+
+    endpoint = judge_endpoint(model)
+    if endpoint.key_missing:
+        if endpoint.provider != "openai":
+            return f"{{endpoint.key_variable}} is not set: the judge {{model}} ({{endpoint.provider}}) needs its key"
+        return (
+            f"{{endpoint.key_variable}} is not set: the judge {{model}} needs it (for a local OpenAI-compatible server "
+            "any value, with OPENAI_BASE_URL pointing at the server)"
+        )
+    bare = endpoint.litellm_model.partition("/")[2]
+    known = (litellm.model_cost.get(bare) or {{}}).get("litellm_provider") == "openai"
+    served = os.environ.get("OPENAI_BASE_URL") or os.environ.get("OPENAI_API_BASE")
+    if endpoint.provider == "openai" and not known and not served:
+        return (
+            f"OPENAI_BASE_URL is not set: the judge {{model}} is no OpenAI model; point OPENAI_BASE_URL at the "
+            "OpenAI-compatible server that serves it (e.g. http://127.0.0.1:11434/v1)"
+        )
+    return None
+
+
+PROBLEM = next(filter(None, map(missing_variable, sorted({{judge_model(r) for _, r in PARAMS}}))), None)
+if PROBLEM is not None and __name__ != "__main__" and "pytest" in sys.modules:
+    import pytest
+
+    pytest.exit(f"{{Path(__file__).name}}: {{PROBLEM}}", returncode=2)
+
+
+def pytest_generate_tests(metafunc) -> None:
+    """pytest's hook (in the module: no import of pytest needed to run the file with python alone)."""
+    if "recorded" in metafunc.fixturenames:
+        metafunc.parametrize(("case", "recorded"), PARAMS, ids=IDS)
 
 
 def _agent():
@@ -252,17 +319,14 @@ def _replayed(case: ConversationalEvalTestCase) -> ConversationalEvalTestCase:
     return ConversationalEvalTestCase(name=case.name, turns=history)
 
 
-@pytest.mark.parametrize(
-    ("case", "recorded"), PARAMS, ids=[f"{{case.name}}-{{result['metric']}}" for case, result in PARAMS]
-)
 def test_conversation(case: ConversationalEvalTestCase, recorded: dict) -> None:
-    judge = JUDGES[recorded["metric"]](os.environ.get("TRACEJUDGE_JUDGE_MODEL", recorded["model"]))
+    judge = JUDGES[recorded["metric"]](judge_model(recorded))
     conversation = _replayed(case) if REPLAY_AGENT else ConversationalEvalTestCase(name=case.name, turns=case.turns)
     result = asyncio.run(evaluate_conversations([conversation], [judge]))[0].metrics[0]
     assert result.error is None, f"no verdict for {{case.name}}: {{result.error}}"
-    rubric = "" if result.rubric_version == recorded["rubric_version"] else (
-        f" (rubric {{result.rubric_version}}, recorded under {{recorded['rubric_version']}})"
-    )
+    rubric = ""
+    if result.rubric_version != recorded["rubric_version"]:
+        rubric = f" (rubric {{result.rubric_version}}, recorded under {{recorded['rubric_version']}})"
     if REPLAY_AGENT:
         assert result.verdict != recorded["verdict"], (
             f"{{case.name}} (trace {{case.trace_id}}) is still judged {{result.verdict}}{{rubric}}: {{result.reason}}"
@@ -272,6 +336,28 @@ def test_conversation(case: ConversationalEvalTestCase, recorded: dict) -> None:
             f"{{case.name}} (trace {{case.trace_id}}) was judged {{recorded['verdict']}} in production, now "
             f"{{result.verdict}}{{rubric}}: {{result.reason}}"
         )
+
+
+def main() -> int:
+    """`python FILE`: every test, one line each; exit 0 all passed, 1 one failed, 2 the judge lacks a variable."""
+    if PROBLEM is not None:
+        print(f"{{Path(__file__).name}}: {{PROBLEM}}", file=sys.stderr)
+        return 2
+    failed = 0
+    for (case, recorded), name in zip(PARAMS, IDS, strict=True):
+        try:
+            test_conversation(case, recorded)
+        except AssertionError as exc:
+            failed += 1
+            print(f"FAILED {{name}}: {{exc}}")
+        else:
+            print(f"passed {{name}}")
+    print(f"{{len(PARAMS) - failed}} passed, {{failed}} failed" if failed else f"{{len(PARAMS)}} passed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
 '''
 
 
@@ -279,10 +365,11 @@ def regression_suite(dataset: Path, test_file: Path, export: Export, what: str) 
     models = sorted({str(r.get("model")) for line in export.lines for r in line["results"]})
     return REGRESSION_SUITE.format(
         when=datetime.now(tz=UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        count=len(export.lines),
+        count=f"{len(export.lines)} conversation{'' if len(export.lines) == 1 else 's'}",
         what=what,
         models=", ".join(models) or "none",
-        dataset=relpath(dataset.resolve(), test_file.resolve().parent),
+        name=test_file.name,
+        dataset=json.dumps(relpath(dataset.resolve(), test_file.resolve().parent)),
     )
 
 
@@ -315,10 +402,11 @@ def selection_from(namespace: argparse.Namespace) -> Selection:
 
 
 def run_export(namespace: argparse.Namespace) -> int:
-    """0 (also when nothing matched: said); 2 for a usage error; 69 when Kafka does not answer; 130 on Ctrl-C."""
+    """0 (also when nothing matched: said); 2 for a usage error or matching results without a transcript (nothing
+    to export: said, nothing written); 69 when Kafka does not answer; 130 on Ctrl-C."""
     from .._errors import StartupError
     from .._logging import configure_logging
-    from .compare import CompareError, read_results
+    from .compare import NO_RESULTS_TOPIC, CompareError, read_results
     from .options import settings_from_args
 
     settings = settings_from_args(namespace)
@@ -326,8 +414,8 @@ def run_export(namespace: argparse.Namespace) -> int:
         selection = selection_from(namespace)
     except ExportError as exc:
         return _usage(str(exc))
-    if not settings.results_topic:
-        return _usage("--results-topic / TRACEJUDGE_RESULTS_TOPIC is needed: the topic the consumer wrote results to")
+    if not settings.results_topic_name():
+        return _usage(NO_RESULTS_TOPIC)
     output = Path(namespace.output)
     test_file = Path(namespace.pytest) if namespace.pytest else None
     for path, flag in ((output, "--output"), (test_file, "--pytest")):
@@ -345,6 +433,12 @@ def run_export(namespace: argparse.Namespace) -> int:
         print("tracejudge export: interrupted (Ctrl-C): nothing written", file=sys.stderr)
         return EXIT_INTERRUPTED
     export = select(records, selection)
+    if not export.lines and export.without_transcript:  # an empty file would look like "nothing matched"
+        return _usage(
+            f"{export.without_transcript} matching results carry no transcript, so there is nothing to export: run "
+            "`tracejudge consume` with --results-transcript (TRACEJUDGE_RESULTS_TRANSCRIPT=true) to keep the turns "
+            "as judged with each result (conversations judged from then on can be exported); nothing written"
+        )
     try:
         with output.open("w", encoding="utf-8") as out:
             for line in export.lines:

@@ -38,7 +38,7 @@ class Option:
     description: str
     metavar: str | None  # a Literal's choices (`a|b`) unless the field names one
     repeatable: bool  # given once per value (argparse `append`)
-    boolean: bool  # `--x` / `--no-x`
+    boolean: bool  # `--x` / `--no-x`; a flag that already says no (`--no-results`) is a switch alone
     see: str | None  # a docs page (relative to docs/) the table links to
     group: str | None  # its section of --help and of the table (settings.GROUPS); None: not declared yet
 
@@ -143,6 +143,8 @@ def _add_flag(group: argparse._ArgumentGroup, option: Option, defaults: Mapping[
         extra["metavar"] = option.metavar
     if option.repeatable:
         extra["action"] = "append"
+    elif option.boolean and option.flag.startswith("--no-"):  # `--no-results`, never `--no-no-results`
+        extra["action"] = "store_true"
     elif option.boolean:
         extra["action"] = argparse.BooleanOptionalAction
     help_text = field_help(option.field, (defaults or {}).get(option.field))
@@ -177,7 +179,7 @@ def markdown_table() -> str:
         for option in options:
             value = f" {option.metavar}" if option.metavar else ""
             flag = f"`{option.flag}{value}`"
-            if option.boolean:
+            if option.boolean and not option.flag.startswith("--no-"):
                 flag += f" / `--no-{option.flag.removeprefix('--')}`"
             default = shown_default(option.default)
             default = default if default in ("none", "on", "off") else f"`{default}`"

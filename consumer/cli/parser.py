@@ -1,4 +1,4 @@
-"""`tracejudge` command line: consume, demo, backfill, calibrate, compare, explain, export, broker; a module each.
+"""`tracejudge` commands: consume, demo, backfill, calibrate, compare, explain, export, watch, broker; a module each.
 
 Invalid configuration: one clear line and exit code 2, before any I/O. What stops a start that the user can fix (a
 metrics port in use: 2; Kafka not answering within `bootstrap_timeout_ms`: 69) is one line too, never a traceback.
@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError, version
 
-from . import backfill, broker, calibrate, compare, demo, explain, export
+from . import backfill, broker, calibrate, compare, demo, explain, export, rejudge, watch
 from .consume import calibration_refused, run_consume
 from .options import EXIT_USAGE, add_consumer_flags, settings_from_args
 
@@ -85,6 +85,18 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_arguments(export_parser)
     add_consumer_flags(export_parser, only=export.EXPORT_OPTIONS)
     export_parser.set_defaults(handler=export.run_export)
+    watch_parser = commands.add_parser(
+        "watch", help="the verdicts as they reach the results topic: the latest with reasons, counts (--once: print)"
+    )
+    watch.add_arguments(watch_parser)
+    add_consumer_flags(watch_parser, only=watch.WATCH_OPTIONS)
+    watch_parser.set_defaults(handler=watch.run_watch)
+    rejudge_parser = commands.add_parser(
+        "rejudge", help="judge again, once, each conversation whose final outcome was failed (after a fix)"
+    )
+    rejudge.add_arguments(rejudge_parser)
+    add_consumer_flags(rejudge_parser, only=rejudge.REJUDGE_OPTIONS)
+    rejudge_parser.set_defaults(handler=rejudge.run_rejudge)
     # `tracejudge broker`: a local Kafka in one command for the quickstart.
     broker_parser = commands.add_parser("broker", help="a local Kafka (the embedded Tansu) on 127.0.0.1 until Ctrl-C")
     broker.add_arguments(broker_parser)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -103,11 +102,10 @@ class AcknowledgingExporter:
         return self._worker.flush(timeout_millis / 1000)
 
     def shutdown(self, timeout_millis: int = 30_000) -> None:
-        """Exports what is queued, waiting out backoffs, within the deadline; what is still unexported then stays
-        unacknowledged (its offsets are not committed: a restart judges it again)."""
-        deadline = time.monotonic() + timeout_millis / 1000
-        self._worker.flush(timeout_millis / 1000)  # the SDK's Simple*Processor.force_flush never reaches here
-        self._worker.close(max(0.0, deadline - time.monotonic()))
+        """Exports what is queued and not waiting for a backoff, within the deadline; what is still unexported then
+        stays unacknowledged (its offsets are not committed: a restart judges it again). `force_flush` first (the
+        outputs' close does, through `FlushingProcessor`) waits out the backoffs of a collector's blip."""
+        self._worker.close(timeout_millis / 1000)
         if self._shutdown_exporter is not None:
             try:
                 self._shutdown_exporter()

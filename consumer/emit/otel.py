@@ -32,6 +32,7 @@ from ..judging.results import result_id
 from .acknowledged import Ticket, ticket_for
 
 EVALUATION_EVENT = "gen_ai.evaluation.result"
+OPERATION_EVALUATION = "evaluation"  # gen_ai.operation.name of the evaluation span: the judge's call is the operation
 SCOPE = "tracejudge.consumer"
 OUTPUT = "otlp"  # the `output` label of tracejudge_output_errors_total
 logger = logging.getLogger("tracejudge.consumer.otlp")
@@ -170,6 +171,7 @@ class EvaluationEmitter:
             attributes = evaluation_attributes(judgement, result)
             span_attributes = {
                 **attributes,
+                "gen_ai.operation.name": OPERATION_EVALUATION,
                 "tracejudge.evaluation.evidence": list(result.evidence),
                 "tracejudge.evaluation.passed": result.success,
                 "tracejudge.evaluation.threshold": result.threshold,
@@ -177,6 +179,8 @@ class EvaluationEmitter:
                 "tracejudge.evaluation.id": result_id(job.conversation_id, result.name, job.content_id),
                 "tracejudge.evaluation.version": job.version,
             }
+            if result.model:
+                span_attributes["gen_ai.request.model"] = result.model  # the judge's model (the span's operation)
             if result.cost_usd is not None:
                 span_attributes["tracejudge.evaluation.cost_usd"] = result.cost_usd
             if result.error is not None:

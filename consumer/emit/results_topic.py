@@ -1,6 +1,7 @@
-"""One JSON record per conversation, metric and outcome, keyed by conversation id: for warehouses, replays and
-`tracejudge explain`. With `unjudged` off, sampled-out and skipped-for-budget conversations write nothing (a record
-per metric fewer for each: at a 1% sample rate, 99% of the volume)."""
+"""One JSON record per conversation, metric and outcome, keyed by conversation id: for warehouses, replays,
+`tracejudge explain`, `export` and `compare`. On by default (`<group>-results`, kafka/topics.py's RESULTS): without
+it a newcomer sees counts and never a reason. With `unjudged` off, sampled-out and skipped-for-budget conversations
+write nothing (a record per metric fewer for each: at a 1% sample rate, 99% of the volume)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,11 @@ from ..judging.judgement import OUTCOME_SAMPLED_OUT, OUTCOME_SKIPPED_BUDGET, Jud
 from ..judging.results import outcome_records, result_record
 from ._kafka_writer import KafkaWriter
 
+# `consume --no-results`: the one startup line that says what is given up.
+NO_RESULTS_NOTICE = (
+    "--no-results: no results topic is written: verdicts are only counted (Prometheus, OTLP); `tracejudge explain` "
+    "shows no verdict, reason or evidence, and export, watch and rejudge have nothing to read"
+)
 _ENCODER = json.JSONEncoder(ensure_ascii=False)  # json.dumps(record, ensure_ascii=False) without a new encoder each
 
 

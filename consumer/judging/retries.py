@@ -84,7 +84,7 @@ class RetryPolicy:
         if now >= until:
             self._final_log.warning(
                 "conversation %s failed (%s) after %d attempts: past the retry horizon (%s, --judge-retry-horizon); "
-                "%s, then judge it again with `tracejudge backfill`",
+                "%s, then judge it again with `tracejudge rejudge --group-id GROUP`",
                 conversation,
                 reason,
                 attempt,

@@ -55,6 +55,7 @@ __all__ = [
     "ensure_internal_topics",
     "ensure_topics",
     "partitions_of",
+    "results_topic_of",
 ]
 
 
@@ -80,6 +81,7 @@ CONSUME = "consume"  # either role
 BACKFILL = "backfill"
 EXPLAIN = "explain"
 READERS = "compare, export"
+REJUDGE = "rejudge"
 
 READ, WRITE, DESCRIBE = "Read", "Write", "Describe"
 Access = tuple[tuple[str, tuple[str, ...]], ...]  # (who, the operations it needs), in the docs' order
@@ -89,9 +91,10 @@ Access = tuple[tuple[str, tuple[str, ...]], ...]  # (who, the operations it need
 class InternalTopic:
     """One internal topic: `<group><suffix>`, created by the consumer (`created_by`) when it is needed (`when`).
 
-    `partitions` None is the span topic's count, checked on an existing topic (co-partitioned); a number is the count
-    a new topic gets (an existing one is used whatever its count: its readers read every partition). `configs` are
-    what tracejudge decides (never the user's option): the rest is the cluster's default or `--internal-topic-config`.
+    `partitions` None is the span topic's count, checked on an existing topic (co-partitioned) unless `checked` is
+    False; a number is the count a new topic gets (an existing one is used whatever its count: its readers read every
+    partition). `configs` are what tracejudge decides (never the user's option): the rest is the cluster's default or
+    `--internal-topic-config`.
     """
 
     key: str
@@ -103,13 +106,14 @@ class InternalTopic:
     needed: Callable[[Any], bool] = lambda settings: True
     access: Access = ()
     created_by: str = CONSUME
+    checked: bool = True  # with `partitions` None: an existing topic must have the span topic's count
 
     def name(self, group_id: str) -> str:
         return f"{group_id}{self.suffix}"
 
     @property
     def co_partitioned(self) -> bool:
-        return self.partitions is None
+        return self.partitions is None and self.checked
 
     def spec(self, group_id: str, partitions: int | None = None) -> TopicSpec:
         """What to create: with the span topic's `partitions` if co-partitioned (then required)."""
@@ -201,9 +205,58 @@ NOTIFICATIONS = InternalTopic(
     needed=lambda settings: bool(getattr(settings, "notify_url", None)),
     access=((CONSUME, (READ, WRITE, DESCRIBE)),),
 )
+# The results topic: every judgement's verdict, reason and evidence, for `explain`, `export`, `compare` and the
+# warehouse. Created by the judge role as the other internal topics are, with the span topic's partition count (it
+# scales with the deployment; an existing one is used whatever its count: its readers read every partition).
+RESULTS = InternalTopic(
+    "results",
+    "-results",
+    "one JSON record per judgement: verdict, reason, evidence (the transcript with `--results-transcript`)",
+    checked=False,
+    when="unless `--results-topic` names another or `--no-results`",
+    needed=lambda settings: _writes_default_results(settings),
+    access=((JUDGE, (WRITE, DESCRIBE)), (EXPLAIN, (READ, DESCRIBE)), (READERS, (READ, DESCRIBE))),
+    created_by=JUDGE,
+)
+# `tracejudge rejudge`: the failed results already sent to be judged again (keyed by result id), read whole at its
+# start so a second run judges none of them twice. Written by the CLI only; compacted, so it stays one record a result.
+REJUDGED = InternalTopic(
+    "rejudged",
+    "-rejudged",
+    "the failed results `tracejudge rejudge` sent to be judged again (each is judged again once)",
+    partitions=1,
+    configs=COMPACT,
+    when="once `tracejudge rejudge` has run",
+    needed=lambda settings: False,
+    access=((REJUDGE, (READ, WRITE, DESCRIBE)),),
+    created_by=REJUDGE,
+)
 # In the docs' order; the first four always exist and share the span topic's partition count.
-INTERNAL_TOPICS: tuple[InternalTopic, ...] = (REPARTITION, CHANGELOG, JUDGE_QUEUE, JUDGE_RETRY, BATCHES, NOTIFICATIONS)
+INTERNAL_TOPICS: tuple[InternalTopic, ...] = (
+    REPARTITION,
+    CHANGELOG,
+    JUDGE_QUEUE,
+    JUDGE_RETRY,
+    BATCHES,
+    NOTIFICATIONS,
+    RESULTS,
+    REJUDGED,
+)
 CORE_TOPICS = tuple(topic for topic in INTERNAL_TOPICS if topic.when == "always")
+
+
+def _writes_default_results(settings: Any) -> bool:
+    """A judge role whose results topic is `<group>-results` (not another --results-topic, not --no-results)."""
+    return _judging(settings) and results_topic_of(settings) == RESULTS.name(settings.group_id)
+
+
+def results_topic_of(settings: Any) -> str | None:
+    """The results topic for these settings, for every command that writes or reads it: `--results-topic`, else
+    `<group>-results`; None with `--no-results` (TRACEJUDGE_NO_RESULTS)."""
+    if getattr(settings, "no_results", False):
+        return None
+    return getattr(settings, "results_topic", None) or RESULTS.name(settings.group_id)
+
 
 ASSEMBLERS = ConsumerGroup("assemblers", "", "the span topic's offsets", ASSEMBLE)
 JUDGES = ConsumerGroup("judges", "-judges", "the judge queue's offsets", JUDGE)
@@ -224,7 +277,7 @@ SPAN_TOPIC = UserTopic(
 )
 RESULTS_TOPIC = UserTopic(
     "--results-topic",
-    "one record per judgement",
+    "one record per judgement, instead of `<group>-results`",
     (
         (JUDGE, (WRITE, DESCRIBE)),
         (BACKFILL, (READ, WRITE, DESCRIBE)),
@@ -290,13 +343,24 @@ class InternalTopics:
         """--notify-url: the delivered notifications' ids (NOTIFICATIONS)."""
         return NOTIFICATIONS.name(self.group_id)
 
+    @property
+    def results(self) -> str:
+        """The default results topic (RESULTS); `results_topic_of(settings)` is the one in use."""
+        return RESULTS.name(self.group_id)
+
+    @property
+    def rejudged(self) -> str:
+        """`tracejudge rejudge`: the failed result ids already sent to be judged again (REJUDGED)."""
+        return REJUDGED.name(self.group_id)
+
     def all(self) -> list[str]:
         """The topics every `consume` creates at start (co-partitioned with the span topic)."""
         return [topic.name(self.group_id) for topic in CORE_TOPICS]
 
     def every(self) -> list[str]:
-        """Every internal topic of the group, those only some options add included."""
-        return [topic.name(self.group_id) for topic in INTERNAL_TOPICS]
+        """Every internal topic a `consume` of the group may create, those only some options add included (not a
+        command's own, such as `rejudge`'s REJUDGED)."""
+        return [topic.name(self.group_id) for topic in INTERNAL_TOPICS if topic.created_by != REJUDGE]
 
     def groups(self) -> list[str]:
         return [group.name(self.group_id) for group in GROUPS]
@@ -505,9 +569,10 @@ def topics_table() -> str:
         "|---|---|---|---|---|---|",
     ]
     for topic in INTERNAL_TOPICS:
-        partitions = (
-            "the span topic's (checked)" if topic.co_partitioned else f"{topic.partitions} (any if pre-created)"
-        )
+        if topic.partitions is not None:
+            partitions = f"{topic.partitions} (any if pre-created)"
+        else:
+            partitions = f"the span topic's ({'checked' if topic.co_partitioned else 'any if pre-created'})"
         policy = topic.configs.get("cleanup.policy", "delete (the cluster's default)")
         other = ", ".join(f"`{k}={v}`" for k, v in sorted(topic.configs.items()) if k != "cleanup.policy") or "none"
         rows.append(f"| `<group>{topic.suffix}` | {partitions} | {policy} | {other} | {topic.when} | {topic.holds} |")

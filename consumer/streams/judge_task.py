@@ -18,7 +18,7 @@ from ..adapters import Feedback
 from ..emit.delivery import Delivery
 from ..emit.prometheus import ConsumerInstruments
 from ..judging.feedback import FeedbackJoiner
-from ..judging.judgement import OUTCOME_SAMPLED_OUT, Judgement
+from ..judging.judgement import OUTCOME_FAILED, OUTCOME_SAMPLED_OUT, Judgement
 from ..judging.pool import JudgePool
 from ..judging.retries import iso, retry_from_json
 from ..kafka.topics import InternalTopics
@@ -30,6 +30,9 @@ from .settled import WAITS, SettledJudgements
 from .verdict_collector import Outgoing, VerdictCollector
 
 logger = logging.getLogger("tracejudge.consumer.judges")
+# On a job `tracejudge rejudge` wrote back: the failed result ids it judges again. The job is judged as any other (the
+# settled verdicts never remember a failure), so its outcome reaches every output and metric as a judgement does.
+REJUDGE_HEADER = "tracejudge.rejudge"
 
 
 class JudgeTask:
@@ -55,6 +58,7 @@ class JudgeTask:
         self.offsets = OffsetTracker()
         self.settled = SettledJudgements()
         self._log = RateLimitedLog(logger, interval_s=10.0)
+        self._failed_log = RateLimitedLog(logger, interval_s=60.0)  # a judgement failed for good: how to judge again
 
     def read(self, partition: int, records: list[Any]) -> None:
         """A poll's records of one judge-queue partition."""
@@ -79,6 +83,9 @@ class JudgeTask:
             self._log.warning("unreadable judge-queue record at %d/%d skipped: %r", partition, record.offset, exc)
             return
         self.offsets.hold(job.key, partition, record.offset)
+        rejudged = _header(record.headers, REJUDGE_HEADER)
+        if rejudged is not None:
+            logger.info("conversation %s: judged again (tracejudge rejudge of %s)", job.conversation_id, rejudged)
         if retry is not None:
             logger.info(
                 "conversation %s: judge attempt %d (the last failed with %s; retried until %s)",
@@ -114,6 +121,15 @@ class JudgeTask:
         is acknowledged (a failed one is sent again at the next step). A job whose owner recorded its outcome when it
         sent it (`answered`: sampled out) is told nothing: its offset goes now."""
         job = judgement.job
+        # No text to judge (`empty` in the results topic) is no judge's failure: no fix to judge it again after.
+        if judgement.outcome == OUTCOME_FAILED and _reason(judgement) != "empty_conversation":
+            self._failed_log.warning(
+                "conversation %s: judging failed for good (%s); once the judge is fixed, judge every failed "
+                "conversation again with `tracejudge rejudge --group-id %s` (--dry-run first: how many, the cost)",
+                job.conversation_id,
+                _reason(judgement),
+                self.settings.group_id,
+            )
         for copy in self.settled.settle(judgement):
             self.finished(Judgement(copy, judgement.outcome))
         if job.answered and judgement.outcome == OUTCOME_SAMPLED_OUT:
@@ -136,3 +152,18 @@ class JudgeTask:
         """Partitions that moved away: their offsets, and the transcripts in flight on them."""
         self.offsets.forget_partitions(partitions)
         self.settled.forget(partitions)
+
+
+def _header(headers: Any, name: str) -> str | None:
+    for key, value in headers or ():
+        if key == name:
+            return bytes(value or b"").decode("utf-8", "replace")
+    return None
+
+
+def _reason(judgement: Judgement) -> str:
+    """The first failed call's reason (the judges' error kind), as the results record names it."""
+    for result in judgement.results:
+        if result.error is not None:
+            return result.error_kind or "unknown"
+    return "failed before the judge call"

@@ -3,7 +3,9 @@ from what Kafka holds by the real command, checked against what the judge server
 
 from __future__ import annotations
 
+import io
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -15,7 +17,16 @@ from typing import Any
 import pytest
 
 from tests.support.judge_server import JudgeServer, Reply, conversation_text, verdict
-from tests.support.pipeline import ROOT, consumer_process, play, read_all, traced_app, wait_for
+from tests.support.pipeline import (
+    ROOT,
+    RunningConsumer,
+    consumer_process,
+    consumer_settings,
+    play,
+    read_all,
+    traced_app,
+    wait_for,
+)
 from tracejudge.consumer.embedded_broker import EmbeddedBroker
 from tracejudge.consumer.judging.sampling import sample_point
 
@@ -161,6 +172,59 @@ def test_explain_tells_each_conversations_story(
     provider.shutdown()
 
 
+@pytest.mark.timeout(600)  # a consumer and one `tracejudge explain` process
+def test_explain_shows_the_verdict_reason_and_evidence_in_the_quickstart_as_written(
+    broker: EmbeddedBroker, topic: str, judge_server: JudgeServer
+) -> None:
+    """The consumer with no results flag writes `<group>-results`; `explain` with --group-id alone (no results flag,
+    no variable) finds it and shows each judgement's verdict, reason and evidence, and no unknown field as `None`."""
+    judge_server.responder = respond
+    settings = consumer_settings(broker.bootstrap_servers, topic, metrics="failure_rate")
+    assert settings.results_topic is None
+    with RunningConsumer(settings) as consumer:
+        play(traced_app(broker.bootstrap_servers, topic), {"exp-judged": [("exp judged q0.", "a0")]})
+        wait_for(lambda: consumer.sessions("judged") == 1, timeout=120, what="the conversation judged")
+    env = {key: value for key, value in os.environ.items() if not key.startswith("TRACEJUDGE_")}
+    where = ["--bootstrap-servers", broker.bootstrap_servers, "--group-id", settings.group_id]
+    done = subprocess.run(
+        [sys.executable, "-m", "tracejudge.consumer", "explain", "exp-judged", *where],
+        env={**env, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    judged = next(i for i, line in enumerate(lines) if line.startswith("  failure_rate: judged hallucination"))
+    assert lines[judged + 1] == "    reason: scripted for exp judged", done.stdout
+    assert lines[judged + 2] == "    evidence: 'turn 1: exp judged'", done.stdout
+    assert "None" not in done.stdout, done.stdout
+    assert done.stdout.count("snapshot 1: version 1, content ") == 1, done.stdout
+
+
+@pytest.mark.timeout(300)
+def test_no_results_writes_no_results_topic_and_says_what_is_lost(
+    broker: EmbeddedBroker, topic: str, judge_server: JudgeServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    from tracejudge.consumer.emit.results_topic import NO_RESULTS_NOTICE
+    from tracejudge.consumer.kafka import KafkaClients
+    from tracejudge.consumer.kafka.topics import InternalTopics
+
+    judge_server.responder = respond
+    caplog.set_level(logging.INFO, logger="tracejudge.consumer")
+    settings = consumer_settings(broker.bootstrap_servers, topic, metrics="failure_rate", no_results=True)
+    assert settings.results_topic_name() is None
+    with RunningConsumer(settings) as consumer:
+        play(traced_app(broker.bootstrap_servers, topic), {"exp-judged": [("exp judged q0.", "a0")]})
+        wait_for(lambda: consumer.sessions("judged") == 1, timeout=120, what="the conversation judged")
+    said = [r.getMessage() for r in caplog.records if "--no-results" in r.getMessage()]
+    assert said == [NO_RESULTS_NOTICE] and "explain" in said[0] and "export" in said[0], said
+    with KafkaClients.from_settings(settings).admin() as admin:
+        on_broker = set(admin.list_topics())
+    assert InternalTopics(settings.group_id).judge_queue in on_broker
+    assert InternalTopics(settings.group_id).results not in on_broker
+
+
 def test_explain_without_a_broker_is_one_line_and_69() -> None:
     done = explain("127.0.0.1:1", "g", "results", "any")
     assert done.returncode == 69, done.stderr
@@ -173,7 +237,7 @@ def test_a_sampled_out_conversation_whose_job_is_not_read_yet_is_not_blamed_on_t
     from types import SimpleNamespace
 
     from tracejudge.consumer.adapters import ConversationEvent, Turn
-    from tracejudge.consumer.cli.explain import build_story
+    from tracejudge.consumer.cli.explain import build_story, print_story
     from tracejudge.consumer.conversation.table import ConversationTable
     from tracejudge.consumer.streams import records as R
 
@@ -188,3 +252,13 @@ def test_a_sampled_out_conversation_whose_job_is_not_read_yet_is_not_blamed_on_t
     story = build_story("c", [SimpleNamespace(value=value, headers=R.header(kind), timestamp=1001)], [])
     why = story["judgements"][0]["why_none"]
     assert "the judge worker has not read its job" in why, why
+    # Known from the changelog only: the content id, not the version: the story omits it, never `version None`.
+    out = io.StringIO()
+    print_story(story, out)
+    assert "None" not in out.getvalue() and f"snapshot 1: content {dispatch.job.content_id}" in out.getvalue()
+    # A results record with unknown fields (an older writer): the verdict and reason without a `None` in their place.
+    bare = {"conversation_id": "c", "metric": "failure_rate", "outcome": "judged", "verdict": "stall", "reason": "r"}
+    out = io.StringIO()
+    print_story(build_story("c", [], [bare]), out)
+    text = out.getvalue()
+    assert "None" not in text and "  failure_rate: judged stall\n    reason: r\n    evidence: (none quoted)" in text

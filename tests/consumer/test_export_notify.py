@@ -179,21 +179,29 @@ def test_export_regression_suite_and_signed_notifications(
     assert "1 failed, 6 passed" in failed.stdout and "conv-13" in failed.stdout
 
 
-def test_export_leaves_out_results_without_a_transcript_and_says_so(
+def test_export_without_transcripts_says_what_to_switch_on_and_writes_nothing(
     broker: EmbeddedBroker, topic: str, judge_server: JudgeServer, tmp_path: Path, capsys: Any
 ) -> None:
+    """The consumer as the quickstart runs it (no results flag: `<group>-results`, no transcript); export finds the
+    topic from --group-id alone, and with nothing to export says in one line what to switch on (exit 2), never an
+    empty file."""
     judge_server.responder = scripted()
-    results = f"{topic}-results"
-    broker.create_topic(results, 1)
-    settings = consumer_settings(broker.bootstrap_servers, topic, metrics="failure_rate", results_topic=results)
+    settings = consumer_settings(broker.bootstrap_servers, topic, metrics="failure_rate")
+    assert settings.results_topic is None and not settings.results_transcript
     with RunningConsumer(settings) as consumer:
         play(traced_app(broker.bootstrap_servers, topic), dict(list(conversations().items())[:5]))
         wait_for(lambda: consumer.sessions("judged") == 5, what="5 judged conversations", timeout=120)
-    dataset = tmp_path / "out.jsonl"
-    argv = ["export", "--bootstrap-servers", broker.bootstrap_servers, "--results-topic", results]
-    assert main([*argv, "--verdict", "hallucination", "--output", str(dataset)]) == 0
-    assert dataset.read_text() == ""
-    assert "2 matching results carry no transcript" in capsys.readouterr().err
+    dataset, suite = tmp_path / "out.jsonl", tmp_path / "test_out.py"
+    argv = ["export", "--bootstrap-servers", broker.bootstrap_servers, "--group-id", settings.group_id]
+    capsys.readouterr()
+    assert main([*argv, "--verdict", "hallucination", "--output", str(dataset), "--pytest", str(suite)]) == 2
+    assert not dataset.exists() and not suite.exists()
+    out, err = capsys.readouterr()
+    (line,) = err.strip().splitlines()
+    assert out == "" and line.startswith("tracejudge export: 2 matching results carry no transcript"), line
+    assert "`tracejudge consume` with --results-transcript (TRACEJUDGE_RESULTS_TRANSCRIPT=true)" in line
+    # Every verdict is there to read, with its reason, from the group id alone: what matched is only the transcript.
+    assert main([*argv, "--output", str(dataset)]) == 2 and "5 matching results" in capsys.readouterr().err
 
 
 @pytest.mark.timeout(900)  # a real consumer, and the generated suite run twice in a subprocess

@@ -122,7 +122,7 @@ def test_consume_creates_its_topics_with_the_replication_factor_and_settings_giv
             stdout=subprocess.DEVNULL,
             stderr=stderr,
         )
-    names = InternalTopics(group_id).all()
+    names = [*InternalTopics(group_id).all(), InternalTopics(group_id).results]  # the results topic by default
     try:
         wait_for(
             lambda: set(names) <= set(admin.list_topics()) or process.poll() is not None,
@@ -318,17 +318,24 @@ def test_every_name_comes_from_the_group_id() -> None:
         "g-judge-queue",
         "g-judge-retry",
     ]
-    assert topics.every() == [*topics.all(), "g-judge-batches", "g-notifications"]
-    assert (topics.batches, topics.notifications) == ("g-judge-batches", "g-notifications")
+    assert topics.every() == [*topics.all(), "g-judge-batches", "g-notifications", "g-results"]
+    assert (topics.batches, topics.notifications, topics.results) == ("g-judge-batches", "g-notifications", "g-results")
     assert topics.groups() == ["g", "g-judges", "g-judges-retries"]
     assert batches_topic_spec("g") == registry.TopicSpec("g-judge-batches", 1, {"cleanup.policy": "compact"}, False)
     assert [spec.checked for spec in topics.specs(3)] == [True] * 4  # co-partitioned: the count is checked
 
 
 def test_which_topics_and_groups_a_process_needs_follows_its_options() -> None:
-    plain = Settings.from_options()
+    plain = Settings.from_options(group_id="g")
     names = [topic.name("g") for topic in registry.internal_topics_for(plain)]
-    assert names == InternalTopics("g").all()
+    assert names == [*InternalTopics("g").all(), "g-results"]  # the results topic, by default
+    assert plain.results_topic_name() == "g-results"
+    for other in ({"results_topic": "warehouse"}, {"no_results": True}, {"role": "assemble"}):
+        assert registry.RESULTS not in registry.internal_topics_for(plain.model_copy(update=other)), other
+    assert plain.model_copy(update={"results_topic": "warehouse"}).results_topic_name() == "warehouse"
+    assert plain.model_copy(update={"no_results": True}).results_topic_name() is None
+    with pytest.raises(ValueError, match="contradicts --results-topic"):
+        Settings.from_options(no_results=True, results_topic="warehouse")
     every = plain.model_copy(update={"judge_tier": "batch", "notify_url": ["http://127.0.0.1:9/hook"]})
     assert [topic.name("g") for topic in registry.internal_topics_for(every)] == InternalTopics("g").every()
     assembler = every.model_copy(update={"role": "assemble"})
@@ -370,10 +377,10 @@ def test_a_pre_created_fixed_count_topic_is_used_as_it_is(broker: EmbeddedBroker
 def test_the_running_consumer_uses_only_the_registrys_topics_and_groups(
     broker: EmbeddedBroker, topic: str, judge_server: Any, admin: RecordingAdmin, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A real consumer with every option that adds a topic (the batch tier, --notify-url, a results and a dead-letter
-    topic): every group id any of its clients is built with, every topic one subscribes to, is assigned, looks up or
-    writes, and every topic of the group on the broker, is in the registry; and the registry lists nothing it does
-    not use."""
+    """A real consumer with every option that adds a topic (the batch tier, --notify-url, the default results topic
+    and a dead-letter topic): every group id any of its clients is built with, every topic one subscribes to, is
+    assigned, looks up or writes, and every topic of the group on the broker, is in the registry; and the registry
+    lists nothing it does not use."""
     from tests.consumer.test_pipeline import Collect
     from tests.support.pipeline import RunningConsumer, consumer_settings, play, traced_app
     from tests.support.webhook_receiver import WebhookReceiver
@@ -412,7 +419,7 @@ def test_the_running_consumer_uses_only_the_registrys_topics_and_groups(
     monkeypatch.setattr(KafkaConsumer, "partitions_for_topic", looking_up)
     monkeypatch.setattr(KafkaProducer, "send", sending)
     suffix = uuid.uuid4().hex[:8]
-    results, dead_letter = f"results-{suffix}", f"dead-letter-{suffix}"
+    dead_letter = f"dead-letter-{suffix}"
     collect = Collect()
     with WebhookReceiver() as receiver:
         settings = consumer_settings(
@@ -424,7 +431,6 @@ def test_the_running_consumer_uses_only_the_registrys_topics_and_groups(
             judge_batch_wait=0.2,
             judge_batch_poll=0.2,
             notify_url=[receiver.url],
-            results_topic=results,
             dead_letter_topic=dead_letter,
             session_idle_timeout=1.0,
         )
@@ -437,6 +443,6 @@ def test_the_running_consumer_uses_only_the_registrys_topics_and_groups(
     on_broker = {name for name in admin.list_topics() if name.startswith(f"{group_id}-")}
     assert on_broker == set(topics.every()), on_broker ^ set(topics.every())
     assert groups == set(topics.groups()), groups ^ set(topics.groups())
-    allowed = {topic, results, dead_letter, *topics.every()}
+    allowed = {topic, dead_letter, *topics.every()}
     assert touched - allowed == set(), touched - allowed
     assert set(topics.every()) <= touched  # each one read or written, not only created

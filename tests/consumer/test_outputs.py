@@ -158,6 +158,8 @@ def test_scrape_otlp_and_results_topic(broker: EmbeddedBroker, topic: str, judge
             assert (span.trace_id.hex(), span.parent_span_id.hex()) == (trace_id, span_id)
             assert a["gen_ai.evaluation.name"] in ("failure_rate", "conversational_flow")
             assert a["gen_ai.agent.name"] == "support"
+            assert a["gen_ai.operation.name"] == "evaluation"  # the conventions' evaluation span
+            assert a["gen_ai.request.model"] == a["tracejudge.evaluation.model"] != ""
             conversation = a["gen_ai.conversation.id"]
             assert a["tracejudge.evaluation.id"] == result_id(
                 conversation, a["gen_ai.evaluation.name"], contents[conversation]

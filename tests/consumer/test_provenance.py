@@ -163,7 +163,7 @@ def judge_info(registry: CollectorRegistry) -> dict[tuple[str, str, str], float]
 
 
 def test_judge_info_is_one_series_per_judge_with_a_custom_client() -> None:
-    settings = consumer_settings("127.0.0.1:1", "unused", metrics="failure_rate,conversational_flow")
+    settings = consumer_settings("127.0.0.1:1", "unused", metrics="failure_rate,conversational_flow", no_results=True)
     app = build_app(settings, judge=InHouseJudge(), registry=CollectorRegistry(), serve_metrics=False)
     assert judge_info(app.registry) == {
         ("failure_rate", "in-house-judge-v2", FailureRateMetric(InHouseJudge()).rubric_version): 1.0,

@@ -121,10 +121,9 @@ def test_shadow_agreement_and_compare_report_the_same_flips(
     assert len(by_model["failure_rate"]) == 20
 
 
-def test_compare_usage_errors_are_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+def test_compare_usage_errors_are_one_line(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     cases = [
         (["--results-topic", "r", "--from", "yesterday", "--to", "2026-12-02"], "invalid time"),
-        (["--from", "2026-12-01", "--to", "2026-12-02"], "--results-topic"),
         (["--results-topic", "r", "--from", "2026-12-02", "--to", "2026-12-01"], "must be before"),
         (["--results-topic", "r", "--from", "2026-12-01", "--to", "2026-12-02", "--by", "model"], "--a and --b"),
     ]
@@ -132,6 +131,11 @@ def test_compare_usage_errors_are_one_line(capsys: pytest.CaptureFixture[str]) -
         assert main(["compare", *args]) == 2
         err = capsys.readouterr().err
         assert needle in err and len(err.strip().splitlines()) == 1, err
+    # Without --results-topic it reads `<group>-results`; only TRACEJUDGE_NO_RESULTS leaves it nothing to read.
+    monkeypatch.setenv("TRACEJUDGE_NO_RESULTS", "true")
+    assert main(["compare", "--from", "2026-12-01", "--to", "2026-12-02"]) == 2
+    err = capsys.readouterr().err
+    assert "TRACEJUDGE_NO_RESULTS is set" in err and len(err.strip().splitlines()) == 1, err
 
 
 def test_shadow_has_its_own_budget_share(judge_server: JudgeServer) -> None:

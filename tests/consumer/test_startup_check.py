@@ -359,6 +359,19 @@ def test_unknown_provider_is_a_configuration_error(
 
 
 @pytest.mark.parametrize(
+    ("model", "suggested"),
+    [("qwen2.5:7b", "openai/qwen2.5:7b"), ("opena/gpt-4o", "did you mean openai/gpt-4o?")],
+)
+def test_an_unknown_provider_suggests_the_model_string_meant(model: str, suggested: str) -> None:
+    """An Ollama tag (`qwen2.5:7b`) reads as provider `qwen2.5`: the error names the OpenAI-compatible spelling;
+    a mistyped prefix, the closest provider."""
+    from tracejudge.metrics.judge_check import judge_model_problem
+
+    problem = judge_model_problem(model)
+    assert problem is not None and suggested in problem
+
+
+@pytest.mark.parametrize(
     "model",
     [
         "gpt-4o-mini",

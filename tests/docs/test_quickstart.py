@@ -1,9 +1,10 @@
 """The README's five-minute path, run exactly as written: a fresh clone, a fresh venv, three terminals.
 
-The three `<!-- quickstart:NAME -->` bash blocks are what a user copies; each runs in its own bash (a "terminal")
-fed line by line, as a terminal would run a paste. The only change is the judge: `OPENAI_BASE_URL`'s value points at
-the tests' local OpenAI-compatible server instead of the user's Ollama. pip may reuse its cache (as on a laptop that
-installed anything before); the install is otherwise real.
+The `<!-- quickstart:NAME -->` bash blocks are what a user copies; each runs in its own bash (a "terminal") fed line
+by line, as a terminal would run a paste (`watch` in the agent's terminal). The only change is the judge:
+`OPENAI_BASE_URL`'s value points at the tests' local OpenAI-compatible server instead of the user's Ollama. `watch`
+runs as written until the verdicts show, then Ctrl-C, then once more with `--once`, as a script would. pip may reuse
+its cache (as on a laptop that installed anything before); the install is otherwise real.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from tracejudge.consumer.embedded_broker import EmbeddedBroker
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
-BLOCKS = ("broker", "consumer", "agent")
+BLOCKS = ("broker", "consumer", "agent", "watch")
 # Ports the README's commands use; the test needs them free (it is the user's machine).
 PORTS = (9092, 9464)
 
@@ -242,6 +243,11 @@ def judge_answer(request: dict[str, Any]) -> Reply:
     return Reply(content=json.dumps({"verdict": label, "evidence": [], "reason": "scripted judge"}))
 
 
+def watched_rows(lines: list[str]) -> list[list[str]]:
+    """`tracejudge watch`'s verdict rows: judged at, conversation, agent, judge, verdict, reason."""
+    return [line.split("  ")[1:] for line in lines if line.startswith("  ") and "  support-bot  " in line]
+
+
 def user_environment() -> dict[str, str]:
     """The user's shell: no venv active, no tracejudge or OpenAI settings, pip's cache as it is."""
     venv = os.environ.get("VIRTUAL_ENV")
@@ -362,6 +368,26 @@ def run_path(
             assert time.monotonic() < deadline, f"/metrics never showed {shown}; last:\n" + "\n".join(seen)
             time.sleep(0.5)  # a user running curl again; the condition above is the barrier
         timings["judged"] = time.monotonic() - started
+
+        # `tracejudge watch`, as written (live; piped here, so appended), until it lists the three conversations'
+        # verdicts with their reasons; Ctrl-C exits 0. Then `--once`, as a script runs it: the same verdicts, counted.
+        (watch,) = blocks["watch"]
+        start = len(agent.lines)
+        watching = agent.send(watch)
+        deadline = time.monotonic() + 60
+        while len(watched_rows(agent.output_after(start))) < 6:  # the metrics count before the results are acked
+            assert time.monotonic() < deadline, "watch never listed the verdicts:\n" + agent.tail()
+            time.sleep(0.2)  # a user looking again; the count above is the barrier
+        agent.ctrl_c()
+        assert agent.wait_for(re.escape(watching) + r"(\d+)$", timeout=30).group(1) == "0", agent.tail()
+        start = len(agent.lines)
+        agent.run(f"{watch} --once", timeout=60)
+        shown = agent.output_after(start)
+        rows = watched_rows(shown)
+        assert len(rows) == 6 and len({row[1] for row in rows}) == 3, shown
+        assert all(row[2] == "support-bot" and row[5] == "scripted judge" for row in rows), shown
+        assert "  by verdict: fully 3, not_applicable 2, honest_fallback 1" in shown, shown
+        timings["watched"] = time.monotonic() - started
 
         # Each conversation judged once per metric by the model the README names, over real HTTP.
         model = re.search(r"--judge-model (\S+)", start_consumer)

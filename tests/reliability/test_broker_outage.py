@@ -68,7 +68,10 @@ def test_broker_outage(judge_server: JudgeServer) -> None:
             time.sleep(0.002)
 
     collect = Collect()
-    settings = consumer_settings(broker.bootstrap_servers, topic, metrics="failure_rate", max_concurrency=16)
+    # The embedded broker restarts empty (a real cluster keeps its topics): no results topic to lose meanwhile.
+    settings = consumer_settings(
+        broker.bootstrap_servers, topic, metrics="failure_rate", max_concurrency=16, no_results=True
+    )
     app_thread = threading.Thread(target=application, daemon=True)
     try:
         with RunningConsumer(settings, extra_sinks=[collect]) as consumer:

@@ -109,7 +109,7 @@ def test_stuck_redactor_is_a_counted_failure_and_the_pool_keeps_judging(
     assert "c-broken" in broken_line and "upstream exploded: model shard 3 is down" in broken_line
     assert "STUCK question" not in stuck_line + broken_line  # the log names the conversation, never its text
     stopped = [r.getMessage() for r in caplog.records if r.getMessage().startswith("stopped: ")]
-    assert stopped == ["stopped: 1 conversations judged, 2 failed, 0 sampled out, 0 skipped for budget in this run"], (
+    assert stopped == ["stopped: 1 conversation judged, 2 failed, 0 sampled out, 0 skipped for budget in this run"], (
         stopped
     )
 

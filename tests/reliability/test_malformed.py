@@ -86,7 +86,11 @@ def ingest() -> tuple[Assembler, Task]:
     fails at once and is counted, as it would be with the brokers down."""
     if "assembler" not in _INGEST:
         settings_ = Settings.from_options(
-            bootstrap_servers="127.0.0.1:9", topic="fuzz", metrics="failure_rate", max_turns_per_conversation=5
+            bootstrap_servers="127.0.0.1:9",
+            topic="fuzz",
+            metrics="failure_rate",
+            max_turns_per_conversation=5,
+            no_results=True,  # no broker: the default results topic's writer would connect at build
         )
         service = build_app(settings_, registry=CollectorRegistry(), serve_metrics=False).service
         assembler = Assembler(

@@ -217,9 +217,14 @@ def test_a_handler_that_raises_without_an_error_policy_drops_its_batch_counted()
     assert worker.close(1)
 
 
-def test_the_acknowledging_exporter_waits_out_a_backoff_on_shutdown() -> None:
-    """One export fails (a collector's 503), the batch waits its backoff: shutdown exports it within its deadline and
-    acknowledges the judgement's ticket, instead of giving it up (a restart would judge and pay for it again)."""
+def test_the_outputs_close_waits_out_an_otlp_backoff_within_its_deadline() -> None:
+    """One export fails (a collector's 503), the span waits its backoff: closing the outputs flushes through the
+    provider to the acknowledging exporter (the SDK's Simple*Processor would answer at once) and acknowledges the
+    judgement's ticket, instead of giving it up (a restart would judge and pay for it again)."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    from tracejudge.consumer.app import flush_providers, flushing
     from tracejudge.consumer.emit.acknowledged import AcknowledgingExporter, Ticket, ticket_for
 
     class Result:
@@ -227,17 +232,20 @@ def test_the_acknowledging_exporter_waits_out_a_backoff_on_shutdown() -> None:
             self.name = name
 
     calls: list[float] = []
+    failed = threading.Event()
 
     def export(items: list[object]) -> Result:
         calls.append(time.monotonic())
-        return Result("FAILURE" if len(calls) == 1 else "SUCCESS")
+        if len(calls) == 1:
+            failed.set()
+            return Result("FAILURE")
+        return Result("SUCCESS")
 
-    exporter = AcknowledgingExporter(export, schedule_delay_s=0.01)
+    provider = TracerProvider()
+    provider.add_span_processor(flushing(SimpleSpanProcessor)(AcknowledgingExporter(export, schedule_delay_s=0.01)))
     ticket = Ticket(1)
     with ticket_for(ticket):
-        exporter.export(["span"])
-    deadline = time.monotonic() + 10
-    while not calls and time.monotonic() < deadline:
-        time.sleep(0.01)
-    exporter.shutdown(timeout_millis=5_000)
+        provider.get_tracer("t").start_span("evaluate x").end()
+    assert failed.wait(10)
+    flush_providers(provider, timeout_s=5)
     assert len(calls) == 2 and ticket.event.is_set()
