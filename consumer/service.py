@@ -26,7 +26,7 @@ from .emit.prometheus import ConsumerInstruments, family_total
 from .judging.feedback import FeedbackJoiner
 from .judging.judgement import OUTCOMES
 from .judging.pool import JudgePool
-from .judging.retries import RetryPolicy
+from .judging.retries import RetryPolicy, step_delays
 
 if TYPE_CHECKING:
     from .judging.canary import Canary
@@ -35,6 +35,7 @@ from .kafka import KafkaAdminClient, KafkaClients, TopicPartition
 from .kafka.connect import reaching_kafka
 from .kafka.membership import PartitionlessMember
 from .kafka.topics import (
+    JUDGE_RETRY_STEPS,
     RESULTS,
     InternalTopics,
     TopicLayout,
@@ -140,6 +141,18 @@ class ConsumerService:
         if self.assembler is not None:
             self.assembler.request_stop()
 
+    def hurry(self) -> None:
+        """A second stop signal: in-flight judgements are given up now (cancelled, their offsets not committed: they
+        are judged again after the restart). What is finished is still committed. Signal-safe."""
+        self.request_stop()
+        if self.judge_worker is not None:
+            self.judge_worker.hurry()
+
+    def draining(self) -> str:
+        """What a stop waits for, in words (read from a signal handler: counters only)."""
+        in_flight, awaiting = self.pool.in_flight, self.delivery.awaiting
+        return f"{counted(in_flight, 'judgement')} in flight, {counted(awaiting, 'output')} awaiting acknowledgement"
+
     # -- setup -----------------------------------------------------------------------------------------------------
 
     def _select(self, job: Any) -> bool:
@@ -164,8 +177,10 @@ class ConsumerService:
     def _ensure_topics(self, partitions: int) -> None:
         with self._admin() as admin:
             ensure_internal_topics(admin, self.topics, partitions, self.topic_layout)
-            if RESULTS.needed(self.settings):  # `<group>-results`, the default: created under the same policy
-                ensure(admin, [RESULTS], self.settings.group_id, self.topic_layout, partitions)
+            # The retry topics of this backoff's steps, and `<group>-results` (the default): under the same policy
+            needed = [topic for topic in (*JUDGE_RETRY_STEPS, RESULTS) if topic.needed(self.settings)]
+            if needed:
+                ensure(admin, needed, self.settings.group_id, self.topic_layout, partitions)
 
     # -- run -------------------------------------------------------------------------------------------------------
 
@@ -198,6 +213,7 @@ class ConsumerService:
                 feedback=self.feedback,
                 clients=self.clients,
             )
+            self.judge_worker.retries.steps = step_delays(settings.judge_retry_backoff)  # before `open`: its topics
             self.judge_worker.open()
             self.pool.start()
             self._start_canary(self.judge_worker)
@@ -405,7 +421,10 @@ class ConsumerService:
             self._judge_thread.join(grace)
         if self.judge_worker is not None:
             if not self.judge_worker.close(max(0.5, grace_end - time.monotonic())):
-                logger.warning("judgements still running after the %.0fs grace period are left uncommitted", grace)
+                if self.judge_worker.hurried:
+                    logger.warning("judgements still running at the second stop signal are left uncommitted")
+                else:
+                    logger.warning("judgements still running after the %.0fs grace period are left uncommitted", grace)
         if self.batch_store is not None:
             self.batch_store.close()
         logger.info("stopped: %s", outcome_summary(self.prometheus))

@@ -243,7 +243,8 @@ class Settings(BaseSettings):
     shutdown_grace: float = _env(
         "TRACEJUDGE_SHUTDOWN_GRACE",
         30.0,
-        "seconds in-flight judgements get to finish on SIGTERM",
+        "seconds in-flight judgements get to finish on SIGTERM or the first Ctrl-C (SIGINT); a second signal stops "
+        "within 2 s, leaving what is unfinished uncommitted (judged again after the restart)",
         metavar="SECONDS",
         group=JUDGE,
     )

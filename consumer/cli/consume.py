@@ -12,11 +12,51 @@ import logging
 import os
 import signal
 import sys
+import threading
+from collections.abc import Callable
 from typing import Any
 
 from .._gc import collect_less
 from .._logging import configure_logging
 from .options import EXIT_USAGE, settings_from_args
+
+HURRIED_EXIT_S = 1.5  # after a second stop signal the process is gone within this (the issue's bound: 2 s)
+EXIT_HURRIED = 130  # 128 + SIGINT, as a shell reports an interrupted command
+
+
+def stopping(service: Any, grace_s: float) -> Callable[[int, Any], None]:
+    """The SIGTERM and SIGINT handler. The first signal drains: what is in flight gets `--shutdown-grace` to finish
+    and be committed (said, with what it waits for). A second one stops now: in-flight judgements are cancelled and
+    left uncommitted (the conversations are judged again after the restart), and the process exits within
+    HURRIED_EXIT_S even if a close still waits on the brokers; nothing unfinished was committed, so leaving then is
+    as safe as a kill -9."""
+    log = logging.getLogger("tracejudge.consumer")
+    received: list[int] = []
+
+    def handle(signum: int, _frame: Any) -> None:
+        received.append(signum)
+        name = signal.Signals(signum).name
+        if len(received) == 1:
+            log.info(
+                "%s: stopping: draining %s, for at most %gs (--shutdown-grace); send it again (Ctrl-C) to stop at once "
+                "(what is unfinished is then judged again after the restart)",
+                name,
+                service.draining(),
+                grace_s,
+            )
+            service.request_stop()
+            return
+        log.warning(
+            "%s again: stopping now; %s left uncommitted, judged again after the restart",
+            name,
+            service.draining(),
+        )
+        service.hurry()
+        timer = threading.Timer(HURRIED_EXIT_S, lambda: os._exit(EXIT_HURRIED))
+        timer.daemon = True
+        timer.start()
+
+    return handle
 
 
 def calibration_refused(path: str | None) -> bool:
@@ -86,12 +126,8 @@ def run_consume(namespace: argparse.Namespace) -> int:
     try:
         app = build_app(settings, registry=registry, metrics_server=metrics_server)  # closes it if it fails
 
-        def stop(signum: int, _frame: Any) -> None:
-            logging.getLogger("tracejudge.consumer").info("signal %d: draining and stopping", signum)
-            app.service.request_stop()
-
-        signal.signal(signal.SIGTERM, stop)
-        signal.signal(signal.SIGINT, stop)
+        signal.signal(signal.SIGTERM, stopping(app.service, settings.shutdown_grace))
+        signal.signal(signal.SIGINT, signal.getsignal(signal.SIGTERM))
         app.run()
     except StartupError as exc:
         print(f"tracejudge: {exc}", file=sys.stderr)

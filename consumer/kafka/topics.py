@@ -56,6 +56,7 @@ __all__ = [
     "ensure_topics",
     "partitions_of",
     "results_topic_of",
+    "retry_step_count",
 ]
 
 
@@ -178,10 +179,45 @@ JUDGE_QUEUE = InternalTopic(
 JUDGE_RETRY = InternalTopic(
     "judge_retry",
     "-judge-retry",
-    "judge jobs waiting for another attempt, forwarded to the judge queue when due (its retention, the cluster's "
-    "default of 7 days, must exceed `--judge-retry-horizon`)",
+    "judge jobs whose next attempt is sooner than one `--judge-retry-backoff` (the last, at the horizon), read at once "
+    "and forwarded to the judge queue when due (the retry topics' retention, the cluster's default of 7 days, must "
+    "exceed `--judge-retry-horizon`)",
     access=((JUDGE, (READ, WRITE, DESCRIBE)),),
 )
+# One retry topic per backoff step (consumer/judging/retries.py's ladder): step n holds the jobs waiting the backoff
+# doubled n-1 times (10 minutes at most), so a topic's records come due in the order they were written and none waits
+# behind another's longer backoff. How many follow --judge-retry-backoff: 6 with its 30 s default, 11 with 1 s.
+RETRY_STEPS = 11
+_LONGEST_RETRY_WAIT_S = 600.0  # retries.py's MAX_BACKOFF_S (the seam imports nothing above it; a test keeps them equal)
+
+
+def retry_step_count(backoff_s: float) -> int:
+    """The steps of the retry ladder for this backoff: doubled until it reaches 10 minutes, RETRY_STEPS at most."""
+    wait, count = backoff_s, 1
+    while wait < _LONGEST_RETRY_WAIT_S and count < RETRY_STEPS:
+        wait, count = wait * 2, count + 1
+    return count
+
+
+def _retry_step(step: int) -> InternalTopic:
+    waits = (
+        "one `--judge-retry-backoff`"
+        if step == 1
+        else f"{2 ** (step - 1)} × `--judge-retry-backoff` (10 minutes at most)"
+    )
+    under = "" if step == 1 else f" and a `--judge-retry-backoff` under {_LONGEST_RETRY_WAIT_S / 2 ** (step - 2):g} s"
+    return InternalTopic(
+        f"judge_retry_{step}",
+        f"-judge-retry-{step}",
+        f"judge jobs waiting {waits} for another attempt, forwarded to the judge queue when due",
+        when=f"with `--role all` or `judge`{under}",
+        needed=lambda settings: _judging(settings) and step <= retry_step_count(settings.judge_retry_backoff),
+        access=((JUDGE, (READ, WRITE, DESCRIBE)),),
+        created_by=JUDGE,
+    )
+
+
+JUDGE_RETRY_STEPS: tuple[InternalTopic, ...] = tuple(_retry_step(step) for step in range(1, RETRY_STEPS + 1))
 BATCHES = InternalTopic(
     "batches",
     "-judge-batches",
@@ -237,6 +273,7 @@ INTERNAL_TOPICS: tuple[InternalTopic, ...] = (
     CHANGELOG,
     JUDGE_QUEUE,
     JUDGE_RETRY,
+    *JUDGE_RETRY_STEPS,
     BATCHES,
     NOTIFICATIONS,
     RESULTS,
@@ -333,6 +370,10 @@ class InternalTopics:
         the judge queue when due. Its retention must exceed --judge-retry-horizon (the cluster's default, 7 days)."""
         return JUDGE_RETRY.name(self.group_id)
 
+    def judge_retry_step(self, step: int) -> str:
+        """The retry topic of backoff step `step` (1 to RETRY_STEPS): jobs waiting the backoff doubled step-1 times."""
+        return JUDGE_RETRY_STEPS[step - 1].name(self.group_id)
+
     @property
     def batches(self) -> str:
         """--judge-tier batch: the submitted batches (kafka/topics.py's BATCHES)."""
@@ -357,10 +398,15 @@ class InternalTopics:
         """The topics every `consume` creates at start (co-partitioned with the span topic)."""
         return [topic.name(self.group_id) for topic in CORE_TOPICS]
 
-    def every(self) -> list[str]:
+    def every(self, retry_steps: int = RETRY_STEPS) -> list[str]:
         """Every internal topic a `consume` of the group may create, those only some options add included (not a
-        command's own, such as `rejudge`'s REJUDGED)."""
-        return [topic.name(self.group_id) for topic in INTERNAL_TOPICS if topic.created_by != REJUDGE]
+        command's own, such as `rejudge`'s REJUDGED); `retry_steps`: of a backoff with that many steps."""
+        steps = {topic.key for topic in JUDGE_RETRY_STEPS[retry_steps:]}
+        return [
+            topic.name(self.group_id)
+            for topic in INTERNAL_TOPICS
+            if topic.created_by != REJUDGE and topic.key not in steps
+        ]
 
     def groups(self) -> list[str]:
         return [group.name(self.group_id) for group in GROUPS]

@@ -68,6 +68,7 @@ class JudgeWorker(RebalanceListener):
         self.retries = RetryScheduler(self.topics, self.collector, prometheus, self.probe)
         self.paused = False
         self.stopping = False  # shutting down: newly assigned partitions stay paused
+        self.hurried = False  # a second stop signal: in-flight judgements are given up (`hurry`)
         self.assigned: set[int] = set()
         self._committed: dict[int, int] = {}
         self._budget_total = settings.max_cost_per_hour
@@ -267,6 +268,11 @@ class JudgeWorker(RebalanceListener):
                 positions[tp] = 0
         return {tp.partition: end for tp, end in self.probe.highwaters(positions).items()}
 
+    def hurry(self) -> None:
+        """Stop waiting for in-flight judgements (`close` cancels them at once; their offsets stay uncommitted).
+        Signal-safe: one flag."""
+        self.hurried = True
+
     def close(self, grace_s: float) -> bool:
         """Judgements in flight get the grace period; what is durable by then is committed.
 
@@ -278,7 +284,7 @@ class JudgeWorker(RebalanceListener):
         if consumer is not None:
             consumer.pause(*consumer.assignment())
         last_commit = time.monotonic()
-        while (self.pool.pending or self.delivery.awaiting) and time.monotonic() < deadline:
+        while (self.pool.pending or self.delivery.awaiting) and time.monotonic() < deadline and not self.hurried:
             if consumer is not None:
                 consumer.poll(timeout_ms=50)
             self.delivery.drain(self.task.finished)
@@ -286,7 +292,7 @@ class JudgeWorker(RebalanceListener):
             if time.monotonic() - last_commit >= self.settings.commit_interval:
                 self.commit()
                 last_commit = time.monotonic()
-        finished = self.pool.stop(max(0.1, deadline - time.monotonic()))
+        finished = self.pool.stop(0.1 if self.hurried else max(0.1, deadline - time.monotonic()))
         self.retries.write_rescheduled()
         self.delivery.drain(self.task.finished)
         try:

@@ -318,7 +318,10 @@ def test_every_name_comes_from_the_group_id() -> None:
         "g-judge-queue",
         "g-judge-retry",
     ]
-    assert topics.every() == [*topics.all(), "g-judge-batches", "g-notifications", "g-results"]
+    steps = [f"g-judge-retry-{n}" for n in range(1, registry.RETRY_STEPS + 1)]  # one per backoff step
+    assert topics.every() == [*topics.all(), *steps, "g-judge-batches", "g-notifications", "g-results"]
+    assert topics.every(6) == [*topics.all(), *steps[:6], "g-judge-batches", "g-notifications", "g-results"]
+    assert [topics.judge_retry_step(n) for n in range(1, registry.RETRY_STEPS + 1)] == steps
     assert (topics.batches, topics.notifications, topics.results) == ("g-judge-batches", "g-notifications", "g-results")
     assert topics.groups() == ["g", "g-judges", "g-judges-retries"]
     assert batches_topic_spec("g") == registry.TopicSpec("g-judge-batches", 1, {"cleanup.policy": "compact"}, False)
@@ -328,7 +331,12 @@ def test_every_name_comes_from_the_group_id() -> None:
 def test_which_topics_and_groups_a_process_needs_follows_its_options() -> None:
     plain = Settings.from_options(group_id="g")
     names = [topic.name("g") for topic in registry.internal_topics_for(plain)]
-    assert names == [*InternalTopics("g").all(), "g-results"]  # the results topic, by default
+    steps = [f"g-judge-retry-{n}" for n in range(1, 7)]  # the default 30 s backoff's six steps
+    assert names == [*InternalTopics("g").all(), *steps, "g-results"]  # the results topic, by default
+    quick = [
+        topic.name("g") for topic in registry.internal_topics_for(plain.model_copy(update={"judge_retry_backoff": 1}))
+    ]
+    assert [name for name in quick if "-judge-retry-" in name] == [f"g-judge-retry-{n}" for n in range(1, 12)]
     assert plain.results_topic_name() == "g-results"
     for other in ({"results_topic": "warehouse"}, {"no_results": True}, {"role": "assemble"}):
         assert registry.RESULTS not in registry.internal_topics_for(plain.model_copy(update=other)), other
@@ -337,7 +345,7 @@ def test_which_topics_and_groups_a_process_needs_follows_its_options() -> None:
     with pytest.raises(ValueError, match="contradicts --results-topic"):
         Settings.from_options(no_results=True, results_topic="warehouse")
     every = plain.model_copy(update={"judge_tier": "batch", "notify_url": ["http://127.0.0.1:9/hook"]})
-    assert [topic.name("g") for topic in registry.internal_topics_for(every)] == InternalTopics("g").every()
+    assert [topic.name("g") for topic in registry.internal_topics_for(every)] == InternalTopics("g").every(6)
     assembler = every.model_copy(update={"role": "assemble"})
     assert registry.BATCHES not in registry.internal_topics_for(assembler)
     assert [g.name("g") for g in registry.groups_for(assembler)] == ["g"]
@@ -441,8 +449,9 @@ def test_the_running_consumer_uses_only_the_registrys_topics_and_groups(
     group_id = settings.group_id
     topics = InternalTopics(group_id)
     on_broker = {name for name in admin.list_topics() if name.startswith(f"{group_id}-")}
-    assert on_broker == set(topics.every()), on_broker ^ set(topics.every())
+    every = set(topics.every(registry.retry_step_count(settings.judge_retry_backoff)))  # this backoff's retry steps
+    assert on_broker == every, on_broker ^ every
     assert groups == set(topics.groups()), groups ^ set(topics.groups())
-    allowed = {topic, dead_letter, *topics.every()}
+    allowed = {topic, dead_letter, *every}
     assert touched - allowed == set(), touched - allowed
-    assert set(topics.every()) <= touched  # each one read or written, not only created
+    assert every <= touched  # each one read or written, not only created

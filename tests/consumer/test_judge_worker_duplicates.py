@@ -392,7 +392,7 @@ def test_a_retry_queued_before_a_revocation_is_written_and_its_job_committed_pas
     job = judges.pool.submitted[0]
     judges.delivery.judged(Judgement(job, "failed"))  # the pool's thread: a reason that can pass
     judges.revoke()
-    retry_topic = judges.worker.topics.judge_retry
+    retry_topic = judges.worker.topics.judge_retry_step(1)  # a 30 s wait: the default backoff's first step
     assert [(t, p) for t, _, p in judges.producer.sent if t == retry_topic] == [(retry_topic, 0)]
     assert judges.committed() == 6  # past the job: the retry record carries it on
     judges.worker.step()

@@ -56,7 +56,9 @@ def _retry_record(offset: int, next_at: float) -> Record:
 def test_a_due_retry_is_forwarded_one_not_yet_due_waits_paused_and_a_retry_offset_waits_for_its_forward() -> None:
     judges = Judges()
     retry_tp = TopicPartition(judges.worker.topics.judge_retry, 0)
-    assert judges.retry_consumer.assignment() == {retry_tp}  # co-partitioned with judge-queue partition 0
+    # co-partitioned with judge-queue partition 0: the short-wait topic and each step's
+    steps = [judges.worker.topics.judge_retry_step(n) for n in range(1, 7)]  # the 30 s default's six
+    assert judges.retry_consumer.assignment() == {retry_tp, *(TopicPartition(t, 0) for t in steps)}
     judges.retry_consumer.batches.append(
         {retry_tp: [_retry_record(0, time.time() - 1), _retry_record(1, time.time() + 3600)]}
     )
@@ -86,6 +88,7 @@ def test_a_retrying_judgement_handed_over_on_the_pools_thread_is_written_by_the_
     pool_thread.join()
     assert judges.producer.sent == [] and not events[0].is_set()  # queued for the judge thread
     judges.worker.step()
-    assert judges.producer.topics() == [judges.worker.topics.judge_retry] and events[0].is_set()
+    # 30 s: the first step of the default 30 s backoff, ripe when due
+    assert judges.producer.topics() == [judges.worker.topics.judge_retry_step(1)] and events[0].is_set()
     written = R.loads(judges.producer.sent[0][1])
-    assert written["retry"] == retry_to_json(retry)
+    assert written["retry"] == retry_to_json(retry) and written["ripe_ms"] == int((retry.next_at or 0) * 1000)
