@@ -292,10 +292,6 @@ def missing_variable(model: str) -> str | None:
 
 
 PROBLEM = next(filter(None, map(missing_variable, sorted({{judge_model(r) for _, r in PARAMS}}))), None)
-if PROBLEM is not None and __name__ != "__main__" and "pytest" in sys.modules:
-    import pytest
-
-    pytest.exit(f"{{Path(__file__).name}}: {{PROBLEM}}", returncode=2)
 
 
 def pytest_generate_tests(metafunc) -> None:
@@ -320,6 +316,10 @@ def _replayed(case: ConversationalEvalTestCase) -> ConversationalEvalTestCase:
 
 
 def test_conversation(case: ConversationalEvalTestCase, recorded: dict) -> None:
+    if PROBLEM is not None:  # these tests fail with one line; a team's other tests in the same run still run
+        import pytest
+
+        pytest.fail(f"{{Path(__file__).name}}: {{PROBLEM}}", pytrace=False)
     judge = JUDGES[recorded["metric"]](judge_model(recorded))
     conversation = _replayed(case) if REPLAY_AGENT else ConversationalEvalTestCase(name=case.name, turns=case.turns)
     result = asyncio.run(evaluate_conversations([conversation], [judge]))[0].metrics[0]

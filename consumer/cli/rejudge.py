@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-EXIT_OK, EXIT_USAGE = 0, 2
+EXIT_OK, EXIT_USAGE, EXIT_UNAVAILABLE, EXIT_INTERRUPTED = 0, 2, 69, 130
 REJUDGE_OPTIONS = frozenset(
     {
         "bootstrap_servers",
@@ -37,6 +37,8 @@ REJUDGE_OPTIONS = frozenset(
         "metrics",
         "log_level",
         "log_format",
+        "replication_factor",  # `<group>-rejudged` is created as the other internal topics are
+        "internal_topic_config",
     }
 )
 FAILED = "failed"
@@ -151,14 +153,23 @@ def run_rejudge(namespace: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"tracejudge rejudge: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    from ..kafka import KafkaError
+
     try:
         return _rejudge(settings, filters, dry_run=namespace.dry_run)
     except StartupError as exc:
         print(f"tracejudge rejudge: {exc}", file=sys.stderr)
         return exc.exit_code
+    except KeyboardInterrupt:
+        print("tracejudge rejudge: interrupted; a job written is recorded only once acknowledged: run it again")
+        return EXIT_INTERRUPTED
+    except KafkaError as exc:
+        print(f"tracejudge rejudge: Kafka failed: {exc!r}; nothing unsent is recorded: run it again", file=sys.stderr)
+        return EXIT_UNAVAILABLE
 
 
-def _read(consumer: Any, topic: str, stall_s: float, *, required: bool) -> list[Any]:
+def _read(consumer: Any, topic: str, stall_s: float, *, required: bool) -> Iterable[Any]:
+    """The topic's records to its end, as they are fetched (a big judge queue is never held whole)."""
     from .._errors import StartupError
     from ..kafka.reader import partitions_for, records_to_end, topic_partitions
 
@@ -168,7 +179,7 @@ def _read(consumer: Any, topic: str, stall_s: float, *, required: bool) -> list[
         if required:
             raise StartupError(f"{what} does not exist (is --group-id or --results-topic right?)")
         return []
-    return list(records_to_end(consumer, topic_partitions(topic, sorted(known)), what=what, stall_s=stall_s))
+    return records_to_end(consumer, topic_partitions(topic, sorted(known)), what=what, stall_s=stall_s)
 
 
 def _rejudge(settings: Any, filters: Filters, *, dry_run: bool) -> int:
@@ -192,13 +203,7 @@ def _rejudge(settings: Any, filters: Filters, *, dry_run: bool) -> int:
         done = {
             r.key.decode("utf-8", "surrogatepass") for r in _read(consumer, topics.rejudged, stall_s, required=False)
         }
-        values = []
-        for record in _read(consumer, results_topic, stall_s, required=True):
-            try:
-                values.append(json.loads(record.value))
-            except (TypeError, ValueError):
-                continue
-        failed = select_failed(values, filters, done)
+        failed = select_failed(_values(_read(consumer, results_topic, stall_s, required=True)), filters, done)
         if not failed:
             print(f"no conversation to judge again: {results_topic!r} holds no failed outcome left to rejudge")
             return EXIT_OK
@@ -219,13 +224,32 @@ def _rejudge(settings: Any, filters: Filters, *, dry_run: bool) -> int:
     found = [f for f in failed if f.content_id in jobs]
     if dry_run:
         return _dry_run(settings, found, missing, jobs)
-    _write(settings, clients, topics, found, jobs)
+    unsent = _write(settings, clients, topics, found, jobs)
+    sent = len(found) - len(unsent)
     print(
-        f"{_count(len(found))} sent to be judged again by the running `tracejudge consume` replicas "
+        f"{_count(sent)} sent to be judged again by the running `tracejudge consume` replicas "
         f"(their outcomes reach {results_topic!r}); a second run judges none of them again"
     )
     _missing(missing)
+    if unsent:
+        ids = ", ".join(sorted(f.conversation_id for f in unsent)[:5])
+        print(
+            f"tracejudge rejudge: {_count(len(unsent))} could not be written to {topics.judge_queue!r} (e.g. {ids}): "
+            "not recorded as sent; check the brokers and this client's Write ACL there, then run it again",
+            file=sys.stderr,
+        )
+        return EXIT_UNAVAILABLE
     return EXIT_OK
+
+
+def _values(records: Iterable[Any]) -> Iterable[dict[str, Any]]:
+    for record in records:
+        try:
+            value = json.loads(record.value)
+        except (TypeError, ValueError):
+            continue
+        if isinstance(value, dict):
+            yield value
 
 
 def _count(n: int) -> str:
@@ -237,32 +261,56 @@ def _missing(missing: list[Failed]) -> None:
         ids = ", ".join(sorted(f.conversation_id for f in missing)[:5])
         print(
             f"{_count(len(missing))} cannot be judged again here: the judge queue no longer holds their job "
-            f"(retention), e.g. {ids}; `tracejudge backfill` over their time range judges them"
+            f"(retention), e.g. {ids}; `tracejudge backfill --rejudge --results-topic RESULTS` over their time "
+            "range judges them (and every other conversation of that range: see its --dry-run cost)"
         )
 
 
-def _write(settings: Any, clients: Any, topics: Any, found: list[Failed], jobs: dict[str, Any]) -> None:
-    """The jobs first, then the requests (`<group>-rejudged`, one per failed result): a crash between them leaves
-    the requests unrecorded, and the next run writes those jobs again (judged twice at worst, with the same result
-    id; a worker that settled the first answers the copy from memory), never a failure marked done but not judged."""
+def _write(settings: Any, clients: Any, topics: Any, found: list[Failed], jobs: dict[str, Any]) -> list[Failed]:
+    """The jobs first, then the requests (`<group>-rejudged`, one per failed result) of the jobs the brokers
+    acknowledged: a crash between them, or a job refused, leaves its request unrecorded, and the next run writes that
+    job again (judged twice at worst, with the same result id; a worker that settled the first answers the copy from
+    memory), never a failure marked done but not judged. Returns the failures whose job was not written.
+
+    A job that went through retries carries its retry state (attempt, the horizon it had): dropped, so the copy is a
+    fresh judgement with the whole horizon, as any judgement."""
     from ..kafka.topics import REJUDGED, TopicLayout, ensure
+    from ..streams import records as R
     from ..streams.judge_task import REJUDGE_HEADER
 
     with clients.admin("tracejudge-rejudge") as admin:  # compacted, as the registry says (not auto-created)
         ensure(admin, [REJUDGED], topics.group_id, TopicLayout.from_settings(settings))
     producer = clients.producer("tracejudge-rejudge", acks="all")
     try:
+        futures = []
         for failed in found:
             job = jobs[failed.content_id]
             headers = [(k, v) for k, v in (job.headers or []) if k != REJUDGE_HEADER]
             headers.append((REJUDGE_HEADER, ",".join(failed.result_ids).encode()))
-            producer.send(topics.judge_queue, key=job.key, value=job.value, headers=headers, partition=job.partition)
+            value = R.loads(job.value)
+            value.pop("retry", None)
+            value.pop("ripe_ms", None)
+            future = producer.send(
+                topics.judge_queue, key=job.key, value=R.dumps(value), headers=headers, partition=job.partition
+            )
+            futures.append((failed, future))
         producer.flush()
+        sent = [failed for failed, future in futures if future.is_done and not future.failed()]
         now = datetime.now(tz=UTC).isoformat()
-        for failed in found:
-            for result in failed.result_ids:
-                producer.send(topics.rejudged, key=result.encode(), value=json.dumps({"requested_at": now}).encode())
+        markers = [
+            producer.send(topics.rejudged, key=result.encode(), value=json.dumps({"requested_at": now}).encode())
+            for failed in sent
+            for result in failed.result_ids
+        ]
         producer.flush()
+        recorded = all(m.is_done and not m.failed() for m in markers)
+        if not recorded:  # the jobs went out: a next run may send some again (at-least-once), say so
+            print(
+                "tracejudge rejudge: not every request could be recorded in "
+                f"{topics.rejudged!r}: a next run may send some of these again",
+                file=sys.stderr,
+            )
+        return [failed for failed, future in futures if failed not in sent]
     finally:
         producer.close()
 

@@ -139,6 +139,9 @@ def row_of(record: dict[str, Any]) -> Row | None:
     )
 
 
+MAX_ROWS = 100_000  # verdicts held (and counted) at most: the latest ones
+
+
 @dataclass
 class View:
     """The verdicts read so far, newest record per result id; what the screen shows is made from it."""
@@ -149,6 +152,7 @@ class View:
     records: int = 0
     rows: dict[str, Row] = field(default_factory=dict)  # result id → its newest verdict, in the order last written
     others: dict[str, str] = field(default_factory=dict)  # result id → an outcome that is no verdict (yet)
+    forgotten: int = 0  # verdicts dropped from `rows` past MAX_ROWS (a week of a busy topic is not held whole)
 
     def add(self, value: bytes | None) -> Row | None:
         """One results-topic record; its row when it is a verdict the filters show (to append to a piped view)."""
@@ -170,6 +174,11 @@ class View:
         self.others.pop(key, None)
         self.rows.pop(key, None)  # re-inserted: the newest copy, at the end
         self.rows[key] = row
+        while len(self.rows) > MAX_ROWS:  # bounded memory and render time: the oldest go
+            del self.rows[next(iter(self.rows))]
+            self.forgotten += 1
+        while len(self.others) > MAX_ROWS:
+            del self.others[next(iter(self.others))]
         return row if self.filters.match(row) else None
 
     def shown(self) -> list[Row]:
@@ -180,6 +189,8 @@ class View:
         lines = [f"tracejudge watch: results topic {self.topic!r}, {self.records} records read"]
         if self.filters.describe():
             lines[0] += f"; only {self.filters.describe()}"
+        if self.forgotten:
+            lines[0] += f"; counting the latest {MAX_ROWS} verdicts ({self.forgotten} older ones not held)"
         if not rows:
             if self.rows:
                 lines.append(f"no verdict matches {self.filters.describe()} ({len(self.rows)} verdicts on the topic)")

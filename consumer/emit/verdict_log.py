@@ -85,6 +85,7 @@ class VerdictLog:
         self._lock = threading.Lock()  # emit runs on the pool thread, the summary on the timer's
         self._start: float | None = None  # when this minute began (its first verdict)
         self._folding = False  # the minute before was above the rate: this one logs its summary alone
+        self._folding_until = 0.0  # ... if it starts before this (a quiet minute between: one line a verdict again)
         self._total = 0
         self._logged = 0
         self._counts: dict[str, Counter[str]] = {"agent": Counter(), "judge": Counter(), "verdict": Counter()}
@@ -101,6 +102,8 @@ class VerdictLog:
             self._roll(now)
             if self._start is None:
                 self._start = now
+                if self._folding and now >= self._folding_until:  # rolled by the timer, then a quiet minute
+                    self._folding = False
             for judge, verdict, reason in verdicts:
                 self._total += 1
                 self._counts["agent"][job.agent] += 1
@@ -146,6 +149,7 @@ class VerdictLog:
             return
         elapsed = now - self._start
         self._summary(self.window_s)
+        self._folding_until = self._start + 2 * self.window_s
         self._reset(folding=self._total > self.per_minute and elapsed < 2 * self.window_s)
 
     def _summary(self, seconds: float) -> None:

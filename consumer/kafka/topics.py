@@ -81,7 +81,7 @@ JUDGE = "consume (judge)"  # `consume --role all|judge`: the judge queue → jud
 CONSUME = "consume"  # either role
 BACKFILL = "backfill"
 EXPLAIN = "explain"
-READERS = "compare, export"
+READERS = "compare, export, watch"
 REJUDGE = "rejudge"
 
 READ, WRITE, DESCRIBE = "Read", "Write", "Describe"
@@ -174,7 +174,7 @@ JUDGE_QUEUE = InternalTopic(
     "judge_queue",
     "-judge-queue",
     "completed conversations waiting for the judges",
-    access=((ASSEMBLE, (WRITE, DESCRIBE)), (JUDGE, (READ, WRITE, DESCRIBE))),
+    access=((ASSEMBLE, (WRITE, DESCRIBE)), (JUDGE, (READ, WRITE, DESCRIBE)), (REJUDGE, (READ, WRITE, DESCRIBE))),
 )
 JUDGE_RETRY = InternalTopic(
     "judge_retry",
@@ -251,7 +251,12 @@ RESULTS = InternalTopic(
     checked=False,
     when="unless `--results-topic` names another or `--no-results`",
     needed=lambda settings: _writes_default_results(settings),
-    access=((JUDGE, (WRITE, DESCRIBE)), (EXPLAIN, (READ, DESCRIBE)), (READERS, (READ, DESCRIBE))),
+    access=(
+        (JUDGE, (WRITE, DESCRIBE)),
+        (EXPLAIN, (READ, DESCRIBE)),
+        (READERS, (READ, DESCRIBE)),
+        (REJUDGE, (READ, DESCRIBE)),
+    ),
     created_by=JUDGE,
 )
 # `tracejudge rejudge`: the failed results already sent to be judged again (keyed by result id), read whole at its
@@ -320,6 +325,7 @@ RESULTS_TOPIC = UserTopic(
         (BACKFILL, (READ, WRITE, DESCRIBE)),
         (EXPLAIN, (READ, DESCRIBE)),
         (READERS, (READ, DESCRIBE)),
+        (REJUDGE, (READ, DESCRIBE)),
     ),
     when="when set",
 )

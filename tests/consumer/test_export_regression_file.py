@@ -134,7 +134,7 @@ def test_without_the_judges_variables_it_stops_with_one_line_naming_the_missing_
     assert "OPENAI_BASE_URL is not set: the judge llama3.2 is no OpenAI model" in line, line
 
     with_pytest = run(suite, user_env(), "--rootdir", str(tmp_path))
-    assert with_pytest.returncode == 2, with_pytest.stdout + with_pytest.stderr
+    assert with_pytest.returncode == 1, with_pytest.stdout + with_pytest.stderr  # its tests fail, the run goes on
     assert "test_verdicts.py: OPENAI_API_KEY is not set" in with_pytest.stdout + with_pytest.stderr
 
 

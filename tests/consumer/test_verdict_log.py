@@ -200,3 +200,21 @@ def test_the_live_consumer_logs_a_line_per_verdict(
         "verdict: conversation vl-2 agent support judge failure_rate verdict honest_fallback: scripted judge",
     ], got
     assert consumer.value("tracejudge_output_errors_total", output="sink") == 0
+
+
+def test_after_a_busy_minute_rolled_by_its_timer_a_verdict_after_a_quiet_minute_is_its_own_line(
+    setup: tuple[Delivery, VerdictLog, Clock, Timers, CollectorRegistry], caplog: pytest.LogCaptureFixture
+) -> None:
+    """The timer ends a busy minute on time; the next verdict comes hours later: no minute above the rate precedes
+    it, so it is logged as a line, not folded into a summary."""
+    delivery, sink, clock, timers, _registry = setup
+    for i in range(5):
+        delivery.judged(judged(f"c{i}"))
+    lines(caplog)
+    clock.now += 60
+    timers.armed[0][1]()  # the minute's summary, on time
+    assert lines(caplog)[0].startswith("verdicts: 5 in the last 60 s")
+    clock.now += 3 * 3600
+    delivery.judged(judged("later"))
+    assert [line.split(" agent")[0] for line in lines(caplog)] == ["verdict: conversation later"]
+    sink.close()

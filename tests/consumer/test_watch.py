@@ -198,3 +198,19 @@ def test_live_and_piped_a_new_verdict_is_appended_and_ctrl_c_exits_0(broker: Emb
         reader.join(10)
         if process.stderr is not None:
             process.stderr.close()
+
+
+def test_the_view_holds_the_latest_verdicts_only_and_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A week of a busy results topic is not held whole: past MAX_ROWS the oldest verdicts go, and the view says how
+    many it counts."""
+    import json as _json
+
+    from tracejudge.consumer.cli import watch
+
+    monkeypatch.setattr(watch, "MAX_ROWS", 3)
+    view = watch.View("t")
+    for i in range(5):
+        record = {"result_id": f"r{i}", "conversation_id": f"c{i}", "metric": "failure_rate", "agent": "a"}
+        view.add(_json.dumps({**record, "outcome": "judged", "verdict": "hallucination", "reason": "x"}).encode())
+    assert list(view.rows) == ["r2", "r3", "r4"] and view.forgotten == 2
+    assert "counting the latest 3 verdicts (2 older ones not held)" in view.render()
