@@ -21,6 +21,8 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Protocol
 
+from tracejudge._shared.text import valid_unicode
+
 from ..judging.judgement import OUTCOME_FAILED, OUTCOME_JUDGED, Judgement
 
 logger = logging.getLogger("tracejudge.consumer.verdicts")
@@ -41,9 +43,15 @@ def _timer(delay_s: float, callback: Callable[[], None]) -> Cancellable:
     return timer
 
 
+def safe(text: object) -> str:
+    """Printable in any log: a record may name a conversation or agent with a lone surrogate, which a UTF-8 stream
+    (and a test runner's report) cannot encode: replaced, never raised."""
+    return valid_unicode(str(text))
+
+
 def short(text: str | None, limit: int = REASON_CHARS) -> str:
     """One line of at most `limit` characters (a judge's reason may hold newlines: a log line must stay one line)."""
-    flat = " ".join(str(text or "").split())
+    flat = " ".join(safe(text or "").split())
     return flat if len(flat) <= limit else flat[: limit - 1].rstrip() + "…"
 
 
@@ -113,10 +121,10 @@ class VerdictLog:
                     self._logged += 1
                     self.log.info(
                         "verdict: conversation %s agent %s judge %s verdict %s: %s",
-                        job.conversation_id,
-                        job.agent,
-                        judge,
-                        verdict,
+                        safe(job.conversation_id),
+                        safe(job.agent),
+                        safe(judge),
+                        safe(verdict),
                         short(reason) or "(no reason given)",
                     )
                 elif self._timer is None and not self._closed:
@@ -158,7 +166,7 @@ class VerdictLog:
             return
 
         def counts(what: str) -> str:
-            return ", ".join(f"{name} {count}" for name, count in self._counts[what].most_common())
+            return ", ".join(f"{safe(name)} {count}" for name, count in self._counts[what].most_common())
 
         logged = f"the first {self._logged} logged above, " if self._logged else ""
         self.log.info(

@@ -218,3 +218,16 @@ def test_after_a_busy_minute_rolled_by_its_timer_a_verdict_after_a_quiet_minute_
     delivery.judged(judged("later"))
     assert [line.split(" agent")[0] for line in lines(caplog)] == ["verdict: conversation later"]
     sink.close()
+
+
+def test_a_conversation_named_with_a_lone_surrogate_is_logged_encodable(
+    setup: tuple[Delivery, VerdictLog, Clock, Timers, CollectorRegistry], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A record may name anything: a lone surrogate in a log line breaks a UTF-8 stream's handler (and a test
+    runner's report); the line is replaced, encodable."""
+    delivery, sink, _clock, _timers, _registry = setup
+    delivery.judged(judged("c\ud800", agent="a\udfff", reason="r\ud800"))
+    (line,) = lines(caplog)
+    line.encode("utf-8")
+    assert line.startswith("verdict: conversation c")
+    sink.close()
