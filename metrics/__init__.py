@@ -1,4 +1,4 @@
-"""The two holistic LLM judges, usable offline: Failure Rate and Conversational Flow Rate."""
+"""Holistic LLM judges, usable offline: Failure Rate, Conversational Flow Rate and a team's own rubric files."""
 
 from tracejudge._shared.errors import TracejudgeError
 
@@ -9,6 +9,7 @@ from ._results import ConversationResult, MetricResult
 from .conversational_flow import ConversationalFlowRateMetric
 from .evaluate import evaluate_conversations
 from .failure_rate import FailureRateMetric
+from .rubric import RubricError, RubricMetric
 
 __all__ = [
     "ConversationResult",
@@ -19,6 +20,8 @@ __all__ = [
     "FailureRateMetric",
     "HolisticJudgeMetric",
     "MetricResult",
+    "RubricError",
+    "RubricMetric",
     "TracejudgeError",
     "evaluate_conversations",
 ]

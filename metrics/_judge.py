@@ -291,6 +291,17 @@ class HolisticJudgeMetric:
     def model_name(self) -> str:
         return self.backend.model_name
 
+    @property
+    def result_key(self) -> str:
+        """What names this judge in a result id: its name (a built-in's rubric changes only with a release); a team's
+        rubric file adds its version and hash, so an edited rubric re-judges (`RubricMetric`)."""
+        return self.name
+
+    @property
+    def failure_modes(self) -> tuple[str, ...]:
+        """The failure modes a failing verdict is sorted into (none: the judge names none)."""
+        return ()
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}(model={self.model_name!r}, threshold={self.threshold})"
 
