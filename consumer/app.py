@@ -14,7 +14,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, start_http_server
 
 from tracejudge._shared.redact import redact_pii
-from tracejudge.metrics import ConversationalFlowRateMetric, CustomLLMClient, FailureRateMetric, HolisticJudgeMetric
+from tracejudge.metrics import CustomLLMClient, HolisticJudgeMetric
 from tracejudge.metrics.batch import (
     BatchBackend,
     BatchCoordinator,
@@ -24,6 +24,7 @@ from tracejudge.metrics.batch import (
     litellm_model_string,
 )
 from tracejudge.metrics.calibration import load_hallucination_calibration
+from tracejudge.metrics.judges import BUILTIN_JUDGES, judge_classes, result_keys
 from tracejudge.metrics.tiers import FLEX_MIN_TIMEOUT_S, TIER_BATCH, TIER_FLEX, TIER_STANDARD, has_tier_price
 from tracejudge.metrics.transcript import Redactor
 
@@ -43,10 +44,7 @@ from .service import ConsumerService
 from .settings import Settings
 
 logger = logging.getLogger("tracejudge.consumer")
-METRIC_CLASSES: dict[str, type[HolisticJudgeMetric]] = {
-    "failure_rate": FailureRateMetric,
-    "conversational_flow": ConversationalFlowRateMetric,
-}
+METRIC_CLASSES: dict[str, type[HolisticJudgeMetric]] = dict(BUILTIN_JUDGES)  # the built-ins; with files: judge_classes
 
 
 class JudgeTierUnavailable(StartupError):
@@ -128,8 +126,9 @@ def build_judges(
     if isinstance(model, str) and settings.judge_tier != TIER_STANDARD:
         _BATCH_COORDINATORS.clear()  # one coordinator per model and build (each consumer its own store)
         model, timeout = judge_tier_backend(settings, model, durable_batches=durable_batches)
+    classes = judge_classes(settings.judge_files)  # the built-ins and the team's rubric files
     return [
-        METRIC_CLASSES[name](
+        classes[name](
             model,
             threshold=settings.threshold,
             timeout=timeout,
@@ -303,6 +302,7 @@ def build_outputs(
                 settings.metrics,
                 unjudged=settings.results_unjudged,
                 transcript=settings.results_transcript,
+                keys=result_keys(settings.judge_files, settings.metrics),
             )
         )
     # Only a live consumer notifies (it passes its series): a backfill's verdicts are past, never a page to anyone.

@@ -13,7 +13,18 @@ from tracejudge._shared.kafka_options import DECIDED_OPTIONS, check_kafka_option
 
 from .kafka.clients import consumer_options, known_options, producer_options
 
-KNOWN_METRICS = ("failure_rate", "conversational_flow")
+KNOWN_METRICS = ("failure_rate", "conversational_flow")  # the built-in judges; --judge-file adds the team's
+
+
+def judge_names(judge_files: list[str]) -> tuple[str, ...]:
+    """The judges that can run with these rubric files (the built-ins first)."""
+    if not judge_files:
+        return KNOWN_METRICS
+    from tracejudge.metrics.judges import judge_classes
+
+    return tuple(judge_classes(judge_files))
+
+
 # The sections of `--help` and of docs/configuration.md's table, in their order. Every field names one (`group=`);
 # tests/consumer/test_cli_help.py fails naming a field that does not, and --help shows such a field under UNGROUPED.
 KAFKA = "Kafka"
@@ -115,11 +126,22 @@ class Settings(BaseSettings):
         "TRACEJUDGE_START_FROM", "latest", "where a group without committed offsets starts", group=KAFKA
     )
     judge_model: str = _env("TRACEJUDGE_JUDGE_MODEL", "gpt-4o-mini", "the judge: a LiteLLM model string", group=JUDGE)
+    judge_files: Annotated[list[str], NoDecode] = _env(
+        "TRACEJUDGE_JUDGE_FILES",
+        [],
+        "a rubric file (YAML): the team's own judge, run beside the built-ins unless --metrics leaves it out "
+        "(repeatable; comma-separated in the variable)",
+        flag="--judge-file",
+        metavar="PATH",
+        repeatable=True,
+        see="judges.md#your-own-judges-rubric-files",
+        group=JUDGE,
+    )
     metrics: Annotated[list[str], NoDecode] = _env(
         "TRACEJUDGE_METRICS",
         ["failure_rate", "conversational_flow"],
-        "which judges run, comma-separated: failure_rate,conversational_flow (not Prometheus: its endpoint is "
-        "--metrics-host / --metrics-port)",
+        "which judges run, comma-separated: failure_rate,conversational_flow and the names of --judge-file judges "
+        "(default: all of them; not Prometheus: its endpoint is --metrics-host / --metrics-port)",
         metavar="JUDGE[,JUDGE]",
         group=JUDGE,
     )
@@ -478,17 +500,38 @@ class Settings(BaseSettings):
         group=OUTPUTS,
     )
 
+    @field_validator("judge_files", mode="before")
+    @classmethod
+    def _judge_files(cls, value: Any) -> list[str]:
+        items = value if isinstance(value, list | tuple) else str(value or "").split(",")
+        paths = list(dict.fromkeys(str(item).strip() for item in items if str(item).strip()))
+        from tracejudge.metrics.judges import RubricError, file_judges
+
+        try:
+            file_judges(paths)  # a bad file: one line naming the file, the field and the problem, before anything
+        except RubricError as exc:
+            raise ValueError(str(exc)) from None
+        return paths
+
     @field_validator("metrics", mode="before")
     @classmethod
-    def _metrics(cls, value: Any) -> list[str]:
+    def _metrics(cls, value: Any, info: ValidationInfo) -> list[str]:
         names = value if isinstance(value, list | tuple) else str(value).split(",")
         names = [str(n).strip() for n in names if str(n).strip()]
-        unknown = [n for n in names if n not in KNOWN_METRICS]
+        known = judge_names(info.data.get("judge_files", []))
+        unknown = [n for n in names if n not in known]
         if unknown:
-            raise ValueError(f"unknown metric(s) {', '.join(unknown)}; known: {', '.join(KNOWN_METRICS)}")
+            raise ValueError(f"unknown metric(s) {', '.join(unknown)}; known: {', '.join(known)}")
         if not names:
             raise ValueError("at least one metric is needed")
         return list(dict.fromkeys(names))  # "failure_rate,failure_rate" must not judge (and count) twice
+
+    @model_validator(mode="after")
+    def _file_judges_run(self) -> Settings:
+        """A loaded judge runs unless --metrics leaves it out: without --metrics, every judge known runs."""
+        if "metrics" not in self.model_fields_set and self.judge_files:
+            self.metrics = [*self.metrics, *(n for n in judge_names(self.judge_files) if n not in self.metrics)]
+        return self
 
     @field_validator("agent_sample_rates", mode="before")
     @classmethod
@@ -568,13 +611,10 @@ class Settings(BaseSettings):
 
     @field_validator("notify_on")
     @classmethod
-    def _notify_on(cls, value: list[str]) -> list[str]:
-        from tracejudge.metrics import ConversationalFlowRateMetric, FailureRateMetric
+    def _notify_on(cls, value: list[str], info: ValidationInfo) -> list[str]:
+        from tracejudge.metrics.judges import labels_of
 
-        labels = {
-            "failure_rate": set(FailureRateMetric.weights),
-            "conversational_flow": set(ConversationalFlowRateMetric.weights),
-        }
+        labels = {name: set(verdicts) for name, verdicts in labels_of(info.data.get("judge_files", [])).items()}
         for item in value:
             metric, sep, verdict = item.rpartition("=")
             if sep and metric not in labels:

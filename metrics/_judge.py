@@ -395,7 +395,11 @@ class HolisticJudgeMetric:
         """Judge the conversation; never raises for judge trouble: failures come back as results with `error` set."""
         started = time.perf_counter()
         result = MetricResult(
-            name=self.name, threshold=self.threshold, model=self.model_name, rubric_version=self.rubric_version
+            name=self.name,
+            threshold=self.threshold,
+            model=self.model_name,
+            rubric_version=self.rubric_version,
+            result_key=self.result_key,
         )
         fallbacks = [0]
         token = TIER_FALLBACKS.set(fallbacks)

@@ -30,6 +30,8 @@ class MetricResult(BaseModel):
     threshold: float
     model: str
     rubric_version: str | None = None  # `{metric}@{12 hex}`: which rubric (prompt, labels, schema) gave the verdict
+    # What names the judge in a result id (the judge's `result_key`: a built-in's name, a rubric file's version).
+    result_key: str | None = Field(default=None, exclude=True, repr=False)
     cost_usd: float | None = None
     input_tokens: int | None = None
     output_tokens: int | None = None

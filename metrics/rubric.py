@@ -228,7 +228,12 @@ def _pydantic_problem(source: str, exc: ValidationError) -> RubricError:
 
 def _known_fields(location: tuple[Any, ...]) -> list[str]:
     model: type[BaseModel] = Rubric
-    nested = {"labels": RubricLabel, "examples": RubricExample, "failure_modes": FailureMode, "turns": ExampleTurn}
+    nested: dict[str, type[BaseModel]] = {
+        "labels": RubricLabel,
+        "examples": RubricExample,
+        "failure_modes": FailureMode,
+        "turns": ExampleTurn,
+    }
     for part in location[:-1]:
         if isinstance(part, str) and part in nested:
             model = nested[part]
@@ -276,7 +281,7 @@ BUILTIN_NAMES = ("failure_rate", "conversational_flow")
 
 
 _PREAMBLE = """You are an impartial evaluator of AI agents. You judge ONE whole conversation between a user and an \
-AI agent{about}.
+AI agent{about}
 
 You receive the conversation as a JSON array of turns between the markers {start} and {end}. Each turn has "turn" \
 (its number), "user" (what the user said) and "assistant" (what the agent answered). An element {{"omitted": \
@@ -291,6 +296,7 @@ def compose_system_prompt(rubric: Rubric) -> str:
         return rubric.prompt
     description = " ".join(rubric.description.split())
     about = f" and answer one question about it: {description}" if description else ""
+    about += "" if about.endswith((".", "?", "!")) else "."
     parts = [
         _PREAMBLE.format(about=about, start=START, end=END),
         "## What to judge\n\n" + rubric.instructions.strip(),
@@ -347,14 +353,24 @@ class RubricMetric(HolisticJudgeMetric):
 
     @property
     def rubric_version(self) -> str:
-        if self.builtin:
+        if self.builtin:  # as before rubric files: over the prompt really sent (it varies with a caching minimum)
             return super().rubric_version
-        digest = super().rubric_version.partition("@")[2]
-        return f"{self.name}@{self.rubric.version}.{digest}"
+        return self.file_version()
+
+    @classmethod
+    def file_version(cls) -> str:
+        """`{name}@{version}.{12 hex}`: the team's version and a hash of the file's content (what the judge is asked;
+        not its layout, comments or alert thresholds). Needs no model, so any command can name a result."""
+        return f"{cls.rubric.name}@{cls.rubric.version}.{rubric_digest(cls.rubric)}"
+
+    @classmethod
+    def key(cls) -> str:
+        """What names this judge in a result id: a built-in's name; a team's rubric version."""
+        return cls.rubric.name if cls.builtin else cls.file_version()
 
     @property
     def result_key(self) -> str:
-        return self.name if self.builtin else self.rubric_version
+        return self.key()
 
     @property
     def failure_modes(self) -> tuple[str, ...]:
@@ -378,9 +394,7 @@ def metric_class(rubric: Rubric, *, source: str = "", builtin: bool = False) -> 
     return type(f"{title}RubricMetric", (RubricMetric,), attributes)
 
 
-def load_rubrics(
-    paths: Iterable[str | Path], *, taken: Iterable[str] = BUILTIN_NAMES
-) -> dict[str, type[RubricMetric]]:
+def load_rubrics(paths: Iterable[str | Path], *, taken: Iterable[str] = BUILTIN_NAMES) -> dict[str, type[RubricMetric]]:
     """The judge classes of the team's files, by name; RubricError for a bad file or a name already taken (a built-in
     or another file)."""
     classes: dict[str, type[RubricMetric]] = {}
@@ -395,6 +409,7 @@ def load_rubrics(
 
 
 def rubric_digest(rubric: Rubric) -> str:
-    """12 hex over the rubric's fields (not its layout): for tools that key on a file's content."""
-    material = json.dumps(rubric.model_dump(mode="json"), sort_keys=True, ensure_ascii=False)
+    """12 hex over what the file tells the judge (every field but the labels' alert thresholds; not the layout)."""
+    content = rubric.model_dump(mode="json", exclude={"labels": {"__all__": {"alert_share"}}})
+    material = json.dumps(content, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
     return hashlib.sha256(material.encode("utf-8", "surrogatepass")).hexdigest()[:12]

@@ -288,10 +288,13 @@ def read_range(
 
 def _selector(namespace: argparse.Namespace, settings: Any, existing: set[str], report: BackfillReport) -> Any:
     """Which complete conversations backfill judges; the others go out as sampled out (counted by reason)."""
+    from tracejudge.metrics.judges import result_keys
+
     from ..judging.sampling import Sampler
 
     rate = namespace.backfill_sample_rate if namespace.backfill_sample_rate is not None else settings.sample_rate
     sampler = Sampler(rate, settings.agent_sample_rates)
+    keys = result_keys(settings.judge_files, settings.metrics)  # a rubric file's version names its results
 
     def select(job: JudgeJob) -> bool:
         report.complete += 1
@@ -303,7 +306,7 @@ def _selector(namespace: argparse.Namespace, settings: Any, existing: set[str], 
         elif not sampler.should_judge(job):
             report.sampled_out += 1
         else:
-            ids = [result_id(job.conversation_id, metric, job.content_id) for metric in settings.metrics]
+            ids = [result_id(job.conversation_id, keys[metric], job.content_id) for metric in settings.metrics]
             report.result_ids.extend(ids)
             if existing and all(i in existing for i in ids):
                 report.skipped_existing += 1
@@ -450,12 +453,12 @@ class CostEstimate:
 
     def __init__(self, settings: Any) -> None:
         from tracejudge._shared.redact import redact_pii
-
-        from ..app import METRIC_CLASSES
+        from tracejudge.metrics.judges import judge_classes
 
         self.model = settings.judge_model
         redactor = redact_pii if settings.redact else None
-        self.prompts = [METRIC_CLASSES[name](self.model, redactor=redactor) for name in settings.metrics]
+        classes = judge_classes(settings.judge_files)
+        self.prompts = [classes[name](self.model, redactor=redactor) for name in settings.metrics]
         self.input_tokens = 0
         self.calls = 0
         self.price_error = ""

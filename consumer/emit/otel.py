@@ -28,7 +28,7 @@ from tracejudge.metrics import MetricResult
 from tracejudge.tracer.semconv import ERROR_TYPE, GEN_AI_AGENT_NAME, GEN_AI_CONVERSATION_ID
 
 from ..judging.judgement import OUTCOME_RETRYING, Judgement
-from ..judging.results import result_id
+from ..judging.results import key_of, result_id
 from .acknowledged import Ticket, ticket_for
 
 EVALUATION_EVENT = "gen_ai.evaluation.result"
@@ -176,7 +176,7 @@ class EvaluationEmitter:
                 "tracejudge.evaluation.passed": result.success,
                 "tracejudge.evaluation.threshold": result.threshold,
                 "tracejudge.evaluation.model": result.model,
-                "tracejudge.evaluation.id": result_id(job.conversation_id, result.name, job.content_id),
+                "tracejudge.evaluation.id": result_id(job.conversation_id, key_of(result), job.content_id),
                 "tracejudge.evaluation.version": job.version,
             }
             if result.model:

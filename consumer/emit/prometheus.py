@@ -359,6 +359,7 @@ class ConsumerInstruments:
         for output in ("results_topic", "dead_letter", "otlp", "sink", "notify"):
             self.output_errors.labels(output=output)
         self._seen_agents: set[str] = set()
+        self._verdicts = dict(VERDICTS)  # each judge's verdict labels, pre-created per agent; record_judges adds files'
         # (agent label, outcome) → its tracejudge_sessions_total series: counted once per conversation, and
         # `labels()` (a lock and a label check) costs more than the increment
         self._sessions: dict[tuple[str, str], Any] = {}
@@ -371,7 +372,7 @@ class ConsumerInstruments:
         if label not in self._seen_agents:
             # Pre-create the agent's series at zero so rate() and increase() see the first verdict.
             self._seen_agents.add(label)
-            for metric, verdicts in VERDICTS.items():
+            for metric, verdicts in list(self._verdicts.items()):
                 for verdict in verdicts:
                     self.verdicts.labels(agent=label, metric=metric, verdict=verdict)
             for outcome in OUTCOMES:
@@ -395,6 +396,9 @@ class ConsumerInstruments:
         for judge in judges:
             labels = {"metric": judge.name, "model": judge.model_name, "rubric_version": judge.rubric_version}
             self.judge_info.labels(**labels).set(1)
+            weights = getattr(judge, "weights", None)
+            if isinstance(weights, dict) and judge.name not in self._verdicts:  # a rubric file's judge
+                self._verdicts[judge.name] = tuple(weights)
             self.tier_fallbacks.labels(metric=judge.name, model=judge.model_name)  # 0 until one: rate() is 0, not empty
 
     def record_judgement(self, judgement: Judgement) -> None:

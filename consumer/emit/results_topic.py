@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from ..judging.judgement import OUTCOME_SAMPLED_OUT, OUTCOME_SKIPPED_BUDGET, Judgement
 from ..judging.results import outcome_records, result_record
@@ -23,10 +23,17 @@ _ENCODER = json.JSONEncoder(ensure_ascii=False)  # json.dumps(record, ensure_asc
 
 class ResultsTopic:
     def __init__(
-        self, writer: KafkaWriter, metrics: Sequence[str] = (), *, unjudged: bool = True, transcript: bool = False
+        self,
+        writer: KafkaWriter,
+        metrics: Sequence[str] = (),
+        *,
+        unjudged: bool = True,
+        transcript: bool = False,
+        keys: Mapping[str, str] | None = None,
     ) -> None:
         self.writer = writer
         self.metrics = list(metrics)  # every metric gets a record, with its result or with the outcome alone
+        self.keys = dict(keys or {})  # each metric's result key (a rubric file's version), where not its name
         self.unjudged = unjudged
         self.transcript = transcript  # --results-transcript: the turns as judged go with each record
 
@@ -38,7 +45,7 @@ class ResultsTopic:
             return deliveries
         records = [result_record(judgement, result, transcript=self.transcript) for result in judgement.results]
         have = {result.name for result in judgement.results}
-        records += outcome_records(judgement, [metric for metric in self.metrics if metric not in have])
+        records += outcome_records(judgement, [metric for metric in self.metrics if metric not in have], self.keys)
         records += [
             result_record(judgement, result, shadow=True, transcript=self.transcript)
             for result in judgement.shadow_results

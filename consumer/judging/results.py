@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -23,7 +23,8 @@ OUTCOME_EMPTY = "empty"  # the results topic's name for a failure without text t
 
 def result_id(conversation_id: str, metric: str, content: str) -> str:
     """Same transcript (its content id) and metric → same id, on every replica, replay and backfill; a different
-    transcript of the same conversation (a continuation, a tail) → a different id."""
+    transcript of the same conversation (a continuation, a tail) → a different id. `metric` is the judge's result key:
+    a built-in's name, a rubric file's version (an edited rubric judges again under a new id)."""
     material = f"{conversation_id}\x1f{metric}\x1f{content}".encode("utf-8", "surrogatepass")
     return hashlib.sha256(material).hexdigest()[:32]
 
@@ -60,10 +61,15 @@ def record_outcome(judgement: Judgement, result: MetricResult | None) -> str:
     return judgement.outcome
 
 
-def outcome_record(judgement: Judgement, metric: str) -> dict[str, Any]:
+def key_of(result: MetricResult) -> str:
+    """The judge's name in its result ids (`result_id`)."""
+    return result.result_key or result.name
+
+
+def outcome_record(judgement: Judgement, metric: str, key: str | None = None) -> dict[str, Any]:
     """A metric's record for a conversation without its result: sampled out, skipped for budget before this
-    metric's call, or failed before any call."""
-    result = MetricResult(name=metric, threshold=0.0, model="")
+    metric's call, or failed before any call. `key`: the judge's result key (default its name)."""
+    result = MetricResult(name=metric, threshold=0.0, model="", result_key=key)
     if judgement.outcome == OUTCOME_FAILED:
         result.error, result.error_kind = "failed before the judge call", "internal"
     record = result_record(judgement, result)
@@ -71,15 +77,22 @@ def outcome_record(judgement: Judgement, metric: str) -> dict[str, Any]:
     return record
 
 
-def outcome_records(judgement: Judgement, metrics: Sequence[str]) -> list[dict[str, Any]]:
+def outcome_records(
+    judgement: Judgement, metrics: Sequence[str], keys: Mapping[str, str] | None = None
+) -> list[dict[str, Any]]:
     """`outcome_record` of each metric: built once, the others differ only in their metric and result id (a sampled
-    out conversation's records are its whole cost in the results topic)."""
+    out conversation's records are its whole cost in the results topic). `keys`: result keys by metric name."""
     if not metrics:
         return []
-    first = outcome_record(judgement, metrics[0])
+    keys = keys or {}
+    first = outcome_record(judgement, metrics[0], keys.get(metrics[0]))
     job = judgement.job
     return [first] + [
-        {**first, "result_id": result_id(job.conversation_id, metric, job.content_id), "metric": metric}
+        {
+            **first,
+            "result_id": result_id(job.conversation_id, keys.get(metric, metric), job.content_id),
+            "metric": metric,
+        }
         for metric in metrics[1:]
     ]
 
@@ -96,7 +109,7 @@ def result_record(
     sampled_out = judgement.outcome == OUTCOME_SAMPLED_OUT
     completed = None if job.completed_ms is None else job.completed_ms / 1000.0
     record = {
-        "result_id": result_id(job.conversation_id, result.name, content),
+        "result_id": result_id(job.conversation_id, key_of(result), content),
         "shadow": shadow,
         "content_id": job.content_id,
         "conversation_id": job.conversation_id,
