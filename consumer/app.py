@@ -127,6 +127,7 @@ def build_judges(
         _BATCH_COORDINATORS.clear()  # one coordinator per model and build (each consumer its own store)
         model, timeout = judge_tier_backend(settings, model, durable_batches=durable_batches)
     classes = judge_classes(settings.judge_files)  # the built-ins and the team's rubric files
+    taxonomies = settings.taxonomies()  # --failure-modes: replaces a judge's own taxonomy
     return [
         classes[name](
             model,
@@ -134,6 +135,7 @@ def build_judges(
             timeout=timeout,
             max_retries=settings.judge_retries,
             redactor=(redactor or redact_pii) if settings.redact else None,
+            failure_modes=taxonomies.get(name),
         )
         for name in settings.metrics
     ]

@@ -137,6 +137,15 @@ class Settings(BaseSettings):
         see="judges.md#your-own-judges-rubric-files",
         group=JUDGE,
     )
+    failure_modes: str | None = _env(
+        "TRACEJUDGE_FAILURE_MODES",
+        None,
+        "a failure-mode taxonomy file (YAML: for each judge's name, a list of {name, description}, at most 20): what "
+        "a failing verdict is about, named by the judge in the same call; replaces a judge's own (failure_rate's)",
+        metavar="FILE",
+        see="failure-modes.md",
+        group=JUDGE,
+    )
     metrics: Annotated[list[str], NoDecode] = _env(
         "TRACEJUDGE_METRICS",
         ["failure_rate", "conversational_flow"],
@@ -512,6 +521,29 @@ class Settings(BaseSettings):
         except RubricError as exc:
             raise ValueError(str(exc)) from None
         return paths
+
+    @field_validator("failure_modes")
+    @classmethod
+    def _failure_modes(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if not value or not value.strip():
+            return None
+        from tracejudge.metrics.judges import RubricError, judge_classes
+        from tracejudge.metrics.rubric import load_failure_modes
+
+        try:
+            load_failure_modes(value.strip(), judge_classes(info.data.get("judge_files", [])))
+        except RubricError as exc:
+            raise ValueError(str(exc)) from None
+        return value.strip()
+
+    def taxonomies(self) -> dict[str, tuple[tuple[str, str], ...]]:
+        """--failure-modes: each named judge's taxonomy (replacing its own); {} without the flag."""
+        if not self.failure_modes:
+            return {}
+        from tracejudge.metrics.judges import judge_classes
+        from tracejudge.metrics.rubric import load_failure_modes
+
+        return load_failure_modes(self.failure_modes, judge_classes(self.judge_files))
 
     @field_validator("metrics", mode="before")
     @classmethod

@@ -9,7 +9,7 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, TypeVar
 
 from pydantic import AliasChoices, BaseModel, Field, ValidationError, field_validator
@@ -46,14 +46,22 @@ _T = TypeVar("_T")
 _FENCE = re.compile(r"```(?:json|JSON)?\s*(.*?)```", re.DOTALL)
 _MAX_EVIDENCE_ITEMS = 20
 _MAX_TEXT = 4_000
+OTHER_MODE = "other"  # the failure mode of an answer outside the taxonomy: never a new label value
 
 
 class JudgeAnswer(BaseModel):
-    """What a judge must answer; `key_issues` is accepted for `evidence` (the Flow judge's name for it)."""
+    """What a judge must answer; `key_issues` is accepted for `evidence` (the Flow judge's name for it).
+    `failure_mode`: what a failing verdict is about, where the judge has a taxonomy (else absent)."""
 
     verdict: str
     reason: str = ""
     evidence: list[str] = Field(default_factory=list, validation_alias=AliasChoices("evidence", "key_issues"))
+    failure_mode: str | None = None
+
+    @field_validator("failure_mode", mode="before")
+    @classmethod
+    def _mode_name(cls, value: Any) -> Any:
+        return value.strip().lower()[:80] if isinstance(value, str) and value.strip() else None
 
     @field_validator("verdict", mode="before")
     @classmethod
@@ -252,6 +260,10 @@ class HolisticJudgeMetric:
     system_prompt: ClassVar[str]
     evidence_key: ClassVar[str] = "evidence"  # the prompt's name for the evidence list (Flow: "key_issues")
     extended_examples: ClassVar[str] = ""  # more worked examples, sent only where the rubric is below caching minimum
+    # The failure modes a failing verdict is sorted into, (name, description), and the verdicts that get one; the
+    # judge names the mode in the same call (`failure_mode`). `other` is always there: an answer outside counts as it.
+    taxonomy: ClassVar[tuple[tuple[str, str], ...]] = ()
+    failing_verdicts: ClassVar[tuple[str, ...]] = ()
 
     def __init__(
         self,
@@ -264,7 +276,9 @@ class HolisticJudgeMetric:
         transcript_budget_tokens: int = DEFAULT_BUDGET_TOKENS,
         redactor: Redactor | None = None,
         prepare_timeout: float = DEFAULT_PREPARE_TIMEOUT_S,
+        failure_modes: Sequence[tuple[str, str]] | None = None,
     ) -> None:
+        """`failure_modes`: (name, description) pairs replacing the judge's own taxonomy (`()`: name no mode)."""
         if not 0.0 <= threshold <= 1.0:
             raise ValueError(f"threshold must be within 0..1, got {threshold}")
         if timeout <= 0 or prepare_timeout <= 0:
@@ -280,12 +294,30 @@ class HolisticJudgeMetric:
         self.prepare_timeout = prepare_timeout
         self.labels = frozenset(self.weights)
         self._litellm_model: str | None = getattr(self.backend, "litellm_model", None)
+        modes = self.taxonomy if failure_modes is None else tuple(failure_modes)
+        self.mode_taxonomy: tuple[tuple[str, str], ...] = tuple(
+            (name, description) for name, description in modes if name != OTHER_MODE
+        )
 
     @property
     def effective_system_prompt(self) -> str:
         """What the judge is really sent: the rubric, with the extended examples where this model's caching minimum
         needs them. Read on every use, so a prompt set on the instance is both sent and versioned."""
-        return cacheable_system_prompt(self.system_prompt, self.extended_examples, self._litellm_model)
+        rubric = cacheable_system_prompt(self.system_prompt, self.extended_examples, self._litellm_model)
+        return rubric + self._modes_section()
+
+    def _modes_section(self) -> str:
+        """The taxonomy, after the rubric (still the static, cacheable prefix): one more key in the same answer."""
+        if not self.failure_modes:
+            return ""
+        failing = ", ".join(self.failing_verdicts)
+        lines = [f'- "{name}": {" ".join(description.split())}' for name, description in self.mode_taxonomy]
+        lines.append(f'- "{OTHER_MODE}": none of the modes above fits')
+        return (
+            "\n\n## Failure modes\n\n"
+            f'Add the key "failure_mode" to your JSON object. When the verdict is one of: {failing}, it names what the '
+            "failure is about, exactly one of:\n" + "\n".join(lines) + '\nFor any other verdict "failure_mode" is null.'
+        )
 
     @property
     def model_name(self) -> str:
@@ -299,23 +331,40 @@ class HolisticJudgeMetric:
 
     @property
     def failure_modes(self) -> tuple[str, ...]:
-        """The failure modes a failing verdict is sorted into (none: the judge names none)."""
-        return ()
+        """The mode names a failing verdict may get, `other` last; () where the judge names no mode."""
+        if not self.mode_taxonomy or not self.failing_verdicts:
+            return ()
+        return (*(name for name, _ in self.mode_taxonomy), OTHER_MODE)
+
+    def mode_of(self, verdict: str, named: str | None) -> str | None:
+        """The failure mode a verdict counts under: the named one if in the taxonomy, else `other`; None for a verdict
+        that is not failing, or a judge without a taxonomy. Never a label value outside the taxonomy."""
+        modes = self.failure_modes
+        if not modes or verdict not in self.failing_verdicts:
+            return None
+        return named if named in modes else OTHER_MODE
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(model={self.model_name!r}, threshold={self.threshold})"
 
     @classmethod
-    def response_format(cls) -> dict[str, Any]:
-        """OpenAI structured output (strict): `verdict` is an enum of exactly this metric's labels."""
+    def response_format(cls, modes: Sequence[str] | None = None) -> dict[str, Any]:
+        """OpenAI structured output (strict): `verdict` is an enum of exactly this metric's labels; with failure modes
+        (default: the class's taxonomy) `failure_mode` is an enum of them, null for a verdict that is not failing."""
+        if modes is None:
+            modes = [name for name, _ in cls.taxonomy if name != OTHER_MODE]
+            modes = [*modes, OTHER_MODE] if modes and cls.failing_verdicts else []
+        properties: dict[str, Any] = {
+            "verdict": {"type": "string", "enum": sorted(cls.weights)},
+            cls.evidence_key: {"type": "array", "items": {"type": "string"}},
+            "reason": {"type": "string"},
+        }
+        if modes:
+            properties["failure_mode"] = {"type": ["string", "null"], "enum": [*modes, None]}
         schema = {
             "type": "object",
-            "properties": {
-                "verdict": {"type": "string", "enum": sorted(cls.weights)},
-                cls.evidence_key: {"type": "array", "items": {"type": "string"}},
-                "reason": {"type": "string"},
-            },
-            "required": ["verdict", cls.evidence_key, "reason"],
+            "properties": properties,
+            "required": list(properties),
             "additionalProperties": False,
         }
         return {"type": "json_schema", "json_schema": {"name": f"{cls.name}_verdict", "strict": True, "schema": schema}}
@@ -329,7 +378,7 @@ class HolisticJudgeMetric:
             {
                 "system_prompt": self.effective_system_prompt,
                 "weights": dict(sorted(self.weights.items())),
-                "response_format": self.response_format(),
+                "response_format": self.response_format(self.failure_modes),
             },
             sort_keys=True,
             ensure_ascii=False,
@@ -446,7 +495,7 @@ class HolisticJudgeMetric:
                     messages,
                     timeout=self.timeout,
                     policy=self.retry_policy,
-                    response_format=self.response_format(),
+                    response_format=self.response_format(self.failure_modes),
                 )
             except JudgeCallError as exc:
                 result.attempts += exc.attempts
@@ -466,6 +515,7 @@ class HolisticJudgeMetric:
             result.success = result.score >= self.threshold
             result.reason = answer.reason
             result.evidence = answer.evidence
+            result.failure_mode = self.mode_of(answer.verdict, answer.failure_mode)
             return
         self._fail(result, ERROR_INVALID_OUTPUT, f"invalid judge output after a corrective retry: {problem}")
 

@@ -27,6 +27,7 @@ class MetricResult(BaseModel):
     verdict: str | None = None
     reason: str = ""
     evidence: list[str] = Field(default_factory=list)
+    failure_mode: str | None = None  # what a failing verdict is about (the judge's taxonomy, or `other`)
     threshold: float
     model: str
     rubric_version: str | None = None  # `{metric}@{12 hex}`: which rubric (prompt, labels, schema) gave the verdict

@@ -1,7 +1,7 @@
 """Conversational Flow Rate: how natural and coherent the dialogue is (seed document 001).
 
-The rubric, labels, weights and worked examples are the rubric file `rubrics/conversational_flow.yaml`, loaded by the same code as a
-team's judge (`rubric.py`); the constants below are read from it.
+The rubric, labels, weights and worked examples are the rubric file `rubrics/conversational_flow.yaml`, loaded by
+the same code as a team's judge (`rubric.py`); the constants below are read from it.
 """
 
 from __future__ import annotations
@@ -27,3 +27,5 @@ class ConversationalFlowRateMetric(RubricMetric):
     system_prompt = CONVERSATIONAL_FLOW_SYSTEM_PROMPT
     extended_examples = CONVERSATIONAL_FLOW_EXTENDED_EXAMPLES
     evidence_key = _RUBRIC.evidence_key
+    taxonomy = tuple((mode.name, mode.description) for mode in _RUBRIC.failure_modes)
+    failing_verdicts = _RUBRIC.failing_verdicts

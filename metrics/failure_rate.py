@@ -1,7 +1,7 @@
 """Failure Rate: how the agent behaves when it does not know (seed document 000).
 
-The rubric, labels, weights and worked examples are the rubric file `rubrics/failure_rate.yaml`, loaded by the same code as a
-team's judge (`rubric.py`); the constants below are read from it.
+The rubric, labels, weights and worked examples are the rubric file `rubrics/failure_rate.yaml`, loaded by
+the same code as a team's judge (`rubric.py`); the constants below are read from it.
 """
 
 from __future__ import annotations
@@ -27,3 +27,5 @@ class FailureRateMetric(RubricMetric):
     system_prompt = FAILURE_RATE_SYSTEM_PROMPT
     extended_examples = FAILURE_RATE_EXTENDED_EXAMPLES
     evidence_key = _RUBRIC.evidence_key
+    taxonomy = tuple((mode.name, mode.description) for mode in _RUBRIC.failure_modes)
+    failing_verdicts = _RUBRIC.failing_verdicts

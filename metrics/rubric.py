@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from tracejudge._shared.errors import TracejudgeError
 
 from ._client import CustomLLMClient
-from ._judge import HolisticJudgeMetric
+from ._judge import OTHER_MODE, HolisticJudgeMetric
 from .transcript import END, START
 
 __all__ = [
@@ -37,6 +37,7 @@ __all__ = [
     "RubricMetric",
     "builtin_rubric",
     "compose_system_prompt",
+    "load_failure_modes",
     "load_rubric",
     "load_rubrics",
     "metric_class",
@@ -46,7 +47,6 @@ NAME_PATTERN = r"[a-z][a-z0-9_]{0,39}"  # a Prometheus label value and gen_ai.ev
 _NAME = re.compile(rf"^{NAME_PATTERN}$")
 BUILTIN_DIRECTORY = Path(__file__).with_name("rubrics")
 MAX_FAILURE_MODES = 20  # label values of tracejudge_failure_modes_total: bounded per judge
-OTHER_MODE = "other"
 DEFAULT_MODEL = "gpt-4o-mini"  # RubricMetric.from_file without a model: the consumer's default judge model
 
 
@@ -183,8 +183,9 @@ class Rubric(BaseModel):
                 raise ValueError(
                     f"examples[{i}].verdict: {example.verdict!r} is not a label ({', '.join(sorted(seen))})"
                 )
-        if len(self.failure_modes) > MAX_FAILURE_MODES:
-            raise ValueError(f"failure_modes: {len(self.failure_modes)} modes; at most {MAX_FAILURE_MODES}")
+        counted = [mode for mode in self.failure_modes if mode.name != OTHER_MODE]
+        if len(counted) > MAX_FAILURE_MODES:
+            raise ValueError(f"failure_modes: {len(counted)} modes; at most {MAX_FAILURE_MODES}")
         modes: set[str] = set()
         for mode in self.failure_modes:
             if mode.name in modes:
@@ -372,10 +373,6 @@ class RubricMetric(HolisticJudgeMetric):
     def result_key(self) -> str:
         return self.key()
 
-    @property
-    def failure_modes(self) -> tuple[str, ...]:
-        return tuple(mode.name for mode in self.rubric.failure_modes)
-
 
 def metric_class(rubric: Rubric, *, source: str = "", builtin: bool = False) -> type[RubricMetric]:
     """The judge class of one rubric."""
@@ -388,6 +385,8 @@ def metric_class(rubric: Rubric, *, source: str = "", builtin: bool = False) -> 
         "system_prompt": compose_system_prompt(rubric),
         "extended_examples": rubric.extended_examples,
         "evidence_key": rubric.evidence_key,
+        "taxonomy": tuple((mode.name, mode.description) for mode in rubric.failure_modes),
+        "failing_verdicts": rubric.failing_verdicts,
         "__doc__": rubric.description or f"The {rubric.name} judge (rubric file {source or 'given in code'}).",
     }
     title = "".join(part.title() for part in rubric.name.split("_"))
@@ -408,8 +407,50 @@ def load_rubrics(paths: Iterable[str | Path], *, taken: Iterable[str] = BUILTIN_
     return classes
 
 
+def load_failure_modes(path: str | Path, judges: Mapping[str, Any]) -> dict[str, tuple[tuple[str, str], ...]]:
+    """A `--failure-modes` file: for each judge's name, a list of `{name, description}` (at most 20); each list
+    replaces that judge's own taxonomy. RubricError (one line) for anything else, an unknown judge included."""
+    import yaml
+
+    source = str(path)
+    try:
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise RubricError(source, "", "no such file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise RubricError(source, "", f"cannot be read: {exc}") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark is not None else ""
+        raise RubricError(source, "", f"is not YAML{where}: {getattr(exc, 'problem', None) or exc}") from None
+    if not isinstance(data, Mapping):
+        raise RubricError(source, "", "expected a mapping: each judge's name to its list of {name, description}")
+    taxonomies: dict[str, tuple[tuple[str, str], ...]] = {}
+    for judge, modes in data.items():
+        if judge not in judges:
+            raise RubricError(source, str(judge), f"unknown judge; known: {', '.join(judges)}")
+        if not isinstance(modes, list):
+            raise RubricError(source, str(judge), "expected a list of {name, description}")
+        try:
+            parsed = [FailureMode.model_validate(mode) for mode in modes]
+        except ValidationError as exc:
+            problem = _pydantic_problem(source, exc)
+            raise RubricError(source, f"{judge}.{problem.field}".rstrip("."), problem.problem) from None
+        names = [mode.name for mode in parsed if mode.name != OTHER_MODE]
+        if len(names) > MAX_FAILURE_MODES:
+            raise RubricError(source, str(judge), f"{len(names)} modes; at most {MAX_FAILURE_MODES}")
+        duplicate = next((name for i, name in enumerate(names) if name in names[:i]), None)
+        if duplicate is not None:
+            raise RubricError(source, str(judge), f"duplicate mode {duplicate!r}")
+        taxonomies[str(judge)] = tuple((mode.name, mode.description) for mode in parsed if mode.name != OTHER_MODE)
+    return taxonomies
+
+
 def rubric_digest(rubric: Rubric) -> str:
-    """12 hex over what the file tells the judge (every field but the labels' alert thresholds; not the layout)."""
-    content = rubric.model_dump(mode="json", exclude={"labels": {"__all__": {"alert_share"}}})
+    """12 hex over what the file tells the judge about its verdict: every field but the labels' alert thresholds and
+    the failure-mode taxonomy (a new taxonomy names modes from then on; it does not re-judge), not the layout."""
+    content = rubric.model_dump(
+        mode="json", exclude={"labels": {"__all__": {"alert_share"}}, "failure_modes": True, "failing": True}
+    )
     material = json.dumps(content, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
     return hashlib.sha256(material.encode("utf-8", "surrogatepass")).hexdigest()[:12]

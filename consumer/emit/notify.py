@@ -691,6 +691,8 @@ def slack_message(record: dict[str, Any], link: str | None, held_back: int) -> d
     lines = [
         f"{icon} *{record.get('agent')}*: {record['metric']} = *{record['verdict']}* on conversation {conversation}",
     ]
+    if record.get("failure_mode"):
+        lines[0] += f" (about: {record['failure_mode']})"
     if record.get("reason"):
         lines.append("> " + " ".join(str(record["reason"]).split())[:500])
     for item in (record.get("evidence") or [])[:3]:

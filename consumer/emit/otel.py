@@ -136,6 +136,8 @@ def evaluation_attributes(judgement: Judgement, result: MetricResult) -> dict[st
         attributes["gen_ai.evaluation.score.value"] = result.score
     if result.verdict is not None:
         attributes["gen_ai.evaluation.score.label"] = result.verdict
+    if result.failure_mode is not None:
+        attributes["tracejudge.evaluation.failure_mode"] = result.failure_mode
     return attributes
 
 

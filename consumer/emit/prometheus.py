@@ -252,6 +252,12 @@ class ConsumerInstruments:
         self.score = Histogram(
             "tracejudge_score", "Judge scores", ["agent", "metric"], buckets=SCORE_BUCKETS, registry=registry
         )
+        self.failure_modes = Counter(  # the label values are each judge's taxonomy and `other`: bounded per judge
+            "tracejudge_failure_modes",
+            "Failing verdicts by what they are about: the failure mode the judge named in the same call",
+            ["agent", "metric", "verdict", "mode"],
+            registry=registry,
+        )
         self.conversations = Counter(  # the pinned metric name says sessions; it counts conversations
             "tracejudge_sessions_total", "Conversations by outcome", ["agent", "outcome"], registry=registry
         )
@@ -360,6 +366,7 @@ class ConsumerInstruments:
             self.output_errors.labels(output=output)
         self._seen_agents: set[str] = set()
         self._verdicts = dict(VERDICTS)  # each judge's verdict labels, pre-created per agent; record_judges adds files'
+        self._modes: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {}  # judge → (failing verdicts, modes)
         # (agent label, outcome) → its tracejudge_sessions_total series: counted once per conversation, and
         # `labels()` (a lock and a label check) costs more than the increment
         self._sessions: dict[tuple[str, str], Any] = {}
@@ -375,6 +382,10 @@ class ConsumerInstruments:
             for metric, verdicts in list(self._verdicts.items()):
                 for verdict in verdicts:
                     self.verdicts.labels(agent=label, metric=metric, verdict=verdict)
+            for metric, (failing, modes) in list(self._modes.items()):
+                for verdict in failing:
+                    for mode in modes:
+                        self.failure_modes.labels(agent=label, metric=metric, verdict=verdict, mode=mode)
             for outcome in OUTCOMES:
                 self.conversations.labels(agent=label, outcome=outcome)
             for polarity in ("positive", "negative"):
@@ -399,6 +410,9 @@ class ConsumerInstruments:
             weights = getattr(judge, "weights", None)
             if isinstance(weights, dict) and judge.name not in self._verdicts:  # a rubric file's judge
                 self._verdicts[judge.name] = tuple(weights)
+            modes = tuple(getattr(judge, "failure_modes", ()) or ())
+            if modes:
+                self._modes[judge.name] = (tuple(getattr(judge, "failing_verdicts", ())), modes)
             self.tier_fallbacks.labels(metric=judge.name, model=judge.model_name)  # 0 until one: rate() is 0, not empty
 
     def record_judgement(self, judgement: Judgement) -> None:
@@ -422,6 +436,10 @@ class ConsumerInstruments:
             exemplar = trace_exemplar(judgement.job.last_exchange.trace_id, judgement.job.last_exchange.span_id)
             self.verdicts.labels(agent=agent, metric=result.name, verdict=result.verdict).inc(exemplar=exemplar)
             self.score.labels(agent=agent, metric=result.name).observe(result.score, exemplar=exemplar)
+            if result.failure_mode is not None:
+                self.failure_modes.labels(
+                    agent=agent, metric=result.name, verdict=result.verdict, mode=result.failure_mode
+                ).inc(exemplar=exemplar)
             self.windows.add(result.name, agent, result.score, result.verdict)
         if judgement.shadow_results:
             self.record_side_cost(judgement.shadow_results, PURPOSE_SHADOW)

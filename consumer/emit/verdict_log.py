@@ -65,7 +65,8 @@ def verdicts_of(judgement: Judgement) -> list[tuple[str, str, str]]:
     verdicts = []
     for result in judgement.results:
         if result.error is None and result.score is not None and result.verdict is not None:
-            verdicts.append((result.name, str(result.verdict), result.reason))
+            about = f"[{result.failure_mode}] " if result.failure_mode else ""  # what a failing verdict is about
+            verdicts.append((result.name, str(result.verdict), about + result.reason))
         else:
             verdicts.append((result.name, "failed", f"{result.error_kind or 'error'}: {result.error or 'no verdict'}"))
     return verdicts

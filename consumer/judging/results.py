@@ -124,6 +124,7 @@ def result_record(
         "threshold": result.threshold,
         "reason": result.reason,
         "evidence": result.evidence,
+        "failure_mode": result.failure_mode,
         "model": result.model,
         "rubric_version": result.rubric_version,
         "cost_usd": result.cost_usd,

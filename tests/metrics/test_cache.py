@@ -77,7 +77,7 @@ def _price(model: str) -> dict[str, float]:
 def test_claude_request_marks_the_system_block_only(anthropic: AnthropicServer) -> None:
     anthropic.minimum_cacheable_tokens = 4096  # Claude Haiku 4.5's minimum cacheable prompt length
     metrics = [
-        FailureRateMetric("anthropic:claude-haiku-4-5"),
+        FailureRateMetric("anthropic:claude-haiku-4-5", failure_modes=()),
         ConversationalFlowRateMetric("anthropic/claude-haiku-4-5"),
     ]
     first = [asyncio.run(metric.evaluate(CONVERSATION)) for metric in metrics]
@@ -136,7 +136,7 @@ def test_claude_request_marks_the_system_block_only(anthropic: AnthropicServer) 
 def test_corrective_retry_keeps_the_conversation_unmarked(anthropic: AnthropicServer) -> None:
     answers = iter(["not json at all", json.dumps(ANSWER)])
     anthropic.answer = lambda body: next(answers)
-    result = asyncio.run(FailureRateMetric("anthropic/claude-haiku-4-5").evaluate(CONVERSATION))
+    result = asyncio.run(FailureRateMetric("anthropic/claude-haiku-4-5", failure_modes=()).evaluate(CONVERSATION))
     assert result.verdict == "not_applicable"
     retry = anthropic.requests[1]
     assert [m["role"] for m in retry["messages"]] == ["user", "assistant", "user"]
@@ -152,7 +152,7 @@ def test_corrective_retry_keeps_the_conversation_unmarked(anthropic: AnthropicSe
 def test_below_the_minimum_nothing_is_cached_or_billed_as_a_write(anthropic: AnthropicServer) -> None:
     """Why the extended examples exist: the base rubric alone, marked, is never cached by Claude Haiku 4.5."""
     anthropic.minimum_cacheable_tokens = 4096  # Claude Haiku 4.5's minimum cacheable prompt length
-    bare = type("BaseRubricOnly", (FailureRateMetric,), {"extended_examples": ""})("anthropic/claude-haiku-4-5")
+    bare = type("BaseRubricOnly", (FailureRateMetric,), {"extended_examples": ""})("anthropic/claude-haiku-4-5", failure_modes=())
     assert bare.effective_system_prompt == FailureRateMetric.system_prompt
     results = [asyncio.run(bare.evaluate(CONVERSATION)) for _ in range(2)]
     assert _marked_paths(anthropic.requests[1]) == [".system[0].cache_control"]
@@ -166,7 +166,7 @@ def test_below_the_minimum_nothing_is_cached_or_billed_as_a_write(anthropic: Ant
 
 def test_openai_request_carries_no_breakpoint(judge_server: JudgeServer) -> None:
     judge_server.enqueue(Reply(content=json.dumps(ANSWER), prompt_tokens=2000, cached_tokens=1536))
-    result = asyncio.run(FailureRateMetric("gpt-4o-mini").evaluate(CONVERSATION))
+    result = asyncio.run(FailureRateMetric("gpt-4o-mini", failure_modes=()).evaluate(CONVERSATION))
     request = judge_server.requests[0]
     assert request["messages"][0]["content"] == FailureRateMetric.system_prompt  # no extension: 1,024 is cleared
     assert _marked_paths(request) == []
@@ -190,7 +190,7 @@ def test_openai_request_carries_no_breakpoint(judge_server: JudgeServer) -> None
 
 
 def test_claude_at_a_1024_minimum_caches_the_base_rubric(anthropic: AnthropicServer) -> None:
-    metric = FailureRateMetric("anthropic/claude-sonnet-4-5")
+    metric = FailureRateMetric("anthropic/claude-sonnet-4-5", failure_modes=())
     assert metric.effective_system_prompt is FailureRateMetric.system_prompt
     results = [asyncio.run(metric.evaluate(CONVERSATION)) for _ in range(2)]
     assert [block["text"] for block in anthropic.requests[0]["system"]] == [FailureRateMetric.system_prompt]
@@ -212,7 +212,7 @@ def test_extended_rubric_clears_4096_and_base_rubric_is_unchanged() -> None:
         (ConversationalFlowRateMetric, CONVERSATIONAL_FLOW_EXTENDED_EXAMPLES),
     ):
         assert cls.extended_examples is examples
-        extended = cls("anthropic/claude-haiku-4-5").effective_system_prompt
+        extended = cls("anthropic/claude-haiku-4-5", failure_modes=()).effective_system_prompt
         assert extended.startswith(cls.system_prompt.partition("\n\n## Output format")[0])
         assert extended.endswith(cls.system_prompt[cls.system_prompt.index("## Output format") :])  # format stays last
         for counter in ("claude-haiku-4-5", "gpt-4o", "gemini/gemini-2.5-flash"):
@@ -226,7 +226,7 @@ def test_extended_rubric_clears_4096_and_base_rubric_is_unchanged() -> None:
             "azure/gpt-4o",
             "anthropic/claude-sonnet-4-5",
         ):
-            assert cls(model).effective_system_prompt is cls.system_prompt, model
+            assert cls(model, failure_modes=()).effective_system_prompt is cls.system_prompt, model
 
 
 @pytest.mark.parametrize(
@@ -258,7 +258,7 @@ def test_which_models_get_the_extended_rubric(model: str, minimum: int | None, e
 
     assert caching_minimum(litellm_model_string(model)) == minimum
     for cls in METRICS:
-        assert (cls(model).effective_system_prompt != cls.system_prompt) is extended
+        assert (cls(model, failure_modes=()).effective_system_prompt != cls.system_prompt) is extended
 
 
 @pytest.mark.parametrize(
@@ -422,3 +422,15 @@ def test_bedrock_and_gemini_usage_objects() -> None:
     metadata = {"promptTokenCount": 4800, "candidatesTokenCount": 40, "totalTokenCount": 4840}
     gemini = VertexGeminiConfig._calculate_usage({"usageMetadata": {**metadata, "cachedContentTokenCount": 4096}})
     assert usage_tokens(gemini) == (4800, 4096, None, 40)
+
+
+def test_the_failure_mode_taxonomy_is_part_of_the_cached_system_block(anthropic: AnthropicServer) -> None:
+    """The default taxonomy (one more key in the same answer) is static: it follows the rubric inside the one system
+    block that carries the breakpoint, so a cached prefix covers it and no call pays for it twice."""
+    metric = FailureRateMetric("anthropic/claude-sonnet-4-5")
+    assert metric.failure_modes and metric.effective_system_prompt.startswith(FailureRateMetric.system_prompt)
+    assert metric.effective_system_prompt.endswith('For any other verdict "failure_mode" is null.')
+    results = [asyncio.run(metric.evaluate(CONVERSATION)) for _ in range(2)]
+    assert [block["text"] for block in anthropic.requests[0]["system"]] == [metric.effective_system_prompt]
+    assert _marked_paths(anthropic.requests[1]) == [".system[0].cache_control"]
+    assert results[1].cached_input_tokens == anthropic.usages[0]["cache_creation_input_tokens"] > 0
