@@ -152,6 +152,10 @@ SCENARIOS: tuple[Scenario, ...] = (
 )
 
 
+# The built-in taxonomy's mode of each hallucinating scenario (metrics/rubrics/failure_rate.yaml).
+DEMO_FAILURE_MODES = {"invented-api": "invented_features", "refund-policy": "invented_policies"}
+
+
 class ScriptedJudge(CustomLLMClient):
     """Offline stand-in for an LLM: answers each conversation with its scenario's intended label."""
 
@@ -169,7 +173,10 @@ class ScriptedJudge(CustomLLMClient):
         flow = system == CONVERSATIONAL_FLOW_SYSTEM_PROMPT
         label = scenario.flow if flow else scenario.failure_rate
         key = "key_issues" if flow else "evidence"
-        return json.dumps({"verdict": label, key: [], "reason": f"scenario {scenario.id!r} is labelled {label}"}), None
+        answer: dict[str, Any] = {"verdict": label, key: [], "reason": f"scenario {scenario.id!r} is labelled {label}"}
+        if not flow:  # what a hallucination is about (the built-in taxonomy); null for any other verdict
+            answer["failure_mode"] = DEMO_FAILURE_MODES.get(scenario.id) if label == "hallucination" else None
+        return json.dumps(answer), None
 
     def get_model_name(self) -> str:
         return "scripted-demo-judge"
@@ -252,8 +259,22 @@ def summarise(registry: Any, agents: list[str]) -> dict[str, dict[str, Any]]:
             "hallucination_rate": registry.get_sample_value("tracejudge_hallucination_rate", {"agent": agent}),
             "flow_score": registry.get_sample_value("tracejudge_flow_score", {"agent": agent}),
             "verdicts": {k: v for k, v in verdicts.items() if v},
+            "failure_modes": _modes_of(registry, agent),
         }
     return summary
+
+
+def _modes_of(registry: Any, agent: str) -> dict[str, int]:
+    """`metric:verdict:mode` → count for the agent's failing verdicts (tracejudge_failure_modes_total)."""
+    modes: dict[str, int] = {}
+    for family in registry.collect():
+        if family.name != "tracejudge_failure_modes":
+            continue
+        for sample in family.samples:
+            labels = sample.labels
+            if sample.name.endswith("_total") and labels.get("agent") == agent and sample.value:
+                modes[f"{labels['metric']}:{labels['verdict']}:{labels['mode']}"] = int(sample.value)
+    return modes
 
 
 # Consumer flags the demo sets itself (its own topic, group and idle timeout) or has no use for.
@@ -516,6 +537,14 @@ def _print_summary(console: Any, summary: dict[str, dict[str, Any]], registry: A
             metric, verdict = key.split(":")
             verdicts.add_row(agent, metric, verdict, str(count))
     console.print(verdicts)
+    modes = table_cls(title="what the failures are about (tracejudge_failure_modes_total)")
+    for column in ("agent", "metric", "verdict", "mode", "count"):
+        modes.add_column(column, no_wrap=True)
+    for agent, row in summary.items():
+        for key, count in sorted(row.get("failure_modes", {}).items()):
+            modes.add_row(agent, *key.split(":"), str(count))
+    if modes.row_count:
+        console.print(modes)
     calls = family_total(registry, "tracejudge_judge_latency_seconds", "_count")
     cost = family_total(registry, "tracejudge_judge_cost_usd")
     console.print(f"judge calls: {int(calls)}   judge cost: ${cost:.4f}")
