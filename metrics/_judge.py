@@ -113,8 +113,9 @@ def _json_objects(text: str) -> list[Any]:
     return found
 
 
-def parse_answer(text: str, labels: frozenset[str]) -> JudgeAnswer:
-    """Parse the text into a JudgeAnswer whose verdict is one of `labels`; raise InvalidJudgeAnswer otherwise."""
+def parse_answer(text: str, labels: frozenset[str], evidence_key: str = "evidence") -> JudgeAnswer:
+    """Parse the text into a JudgeAnswer whose verdict is one of `labels`; raise InvalidJudgeAnswer otherwise.
+    `evidence_key`: the judge's name for the evidence list (a rubric file's `evidence_key`), read as `evidence`."""
     if not text or not text.strip():
         raise InvalidJudgeAnswer("the answer was empty")
     candidates = [value for value in _json_objects(text) if isinstance(value, dict)]
@@ -124,6 +125,8 @@ def parse_answer(text: str, labels: frozenset[str]) -> JudgeAnswer:
     for candidate in candidates:
         if "verdict" not in candidate:
             continue
+        if evidence_key in candidate and evidence_key not in ("evidence", "key_issues"):
+            candidate = {**candidate, "evidence": candidate[evidence_key]}
         try:
             answer = JudgeAnswer.model_validate(candidate)
         except ValidationError as exc:
@@ -504,7 +507,7 @@ class HolisticJudgeMetric:
             result.attempts += attempts
             self._account(result, reply)
             try:
-                answer = parse_answer(reply.text, self.labels)
+                answer = parse_answer(reply.text, self.labels, self.evidence_key)
             except InvalidJudgeAnswer as exc:
                 problem = str(exc)
                 if round_number == 0:

@@ -352,6 +352,13 @@ class ConsumerInstruments:
             ["metric", "model", "rubric_version"],
             registry=registry,
         )
+        self.verdict_alert_share = Gauge(
+            "tracejudge_verdict_alert_share",
+            "A rubric label's alert_share: TracejudgeRubricVerdictShareHigh fires when this verdict's share of an "
+            "agent's verdicts of the judge goes above it (only labels that set one)",
+            ["metric", "verdict"],
+            registry=registry,
+        )
         self.textless_spans = Counter(
             "tracejudge_textless_llm_spans_total",
             "Spans that look like a model call or an agent run but carry no text, by convention and outcome "
@@ -407,6 +414,9 @@ class ConsumerInstruments:
         for judge in judges:
             labels = {"metric": judge.name, "model": judge.model_name, "rubric_version": judge.rubric_version}
             self.judge_info.labels(**labels).set(1)
+            rubric = getattr(judge, "rubric", None)  # a judge from a rubric file; others have no thresholds
+            for verdict, share in (getattr(rubric, "alert_shares", None) or {}).items():
+                self.verdict_alert_share.labels(metric=judge.name, verdict=verdict).set(share)
             weights = getattr(judge, "weights", None)
             if isinstance(weights, dict) and judge.name not in self._verdicts:  # a rubric file's judge
                 self._verdicts[judge.name] = tuple(weights)

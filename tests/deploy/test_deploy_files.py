@@ -20,6 +20,7 @@ from tracejudge.consumer.judging.judgement import Judgement
 from tracejudge.consumer.streams.instruments import StreamsInstruments
 from tracejudge.metrics import FailureRateMetric, MetricResult
 from tracejudge.metrics.calibration import HallucinationCalibration
+from tracejudge.metrics.rubric import metric_class, parse_rubric
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -78,7 +79,7 @@ def exported_metric_names() -> set[str]:
     instruments.record_batch_event("submitted")
     instruments.record_verdict_delay(Judgement(replace(job("f"), completed_ms=1), "judged", [result]))
     instruments.lag.labels(partition="0").set(1)
-    instruments.record_judges([FailureRateMetric("m")])
+    instruments.record_judges([FailureRateMetric("m"), REFUND_POLICY("m")])
     instruments.record_feedback("a", negative=True)
     instruments.record_agreement(Agreement("a", "failure_rate", judge_passed=True, human_positive=False))
     instruments.canary.record_run("failure_rate", "m", "failure_rate@x", 0.9, 0.8, 0)
@@ -90,6 +91,23 @@ def exported_metric_names() -> set[str]:
     streams = StreamsInstruments(registry)  # the Kafka runtime's series (TracejudgeJudgeStalled reads the queue lag)
     streams.judge_queue_lag.labels(partition="0").set(1)
     return {sample.name for family in registry.collect() for sample in family.samples}
+
+
+# A rubric file's judge with a label to alert on (its tracejudge_verdict_alert_share series).
+REFUND_POLICY = metric_class(
+    parse_rubric(
+        {
+            "name": "refund_policy",
+            "instructions": "Did the agent keep to the refund policy?",
+            "labels": [
+                {"name": "compliant", "weight": 1.0},
+                {"name": "minor_deviation", "weight": 0.5},
+                {"name": "violation", "weight": 0.0, "alert_share": 0.1},
+            ],
+        },
+        "refund_policy.yaml",
+    )
+)
 
 
 def metric_names_in(expr: str) -> set[str]:
@@ -107,6 +125,19 @@ def dashboard() -> dict[str, Any]:
 
 def dashboard_exprs() -> list[str]:
     return [t["expr"] for p in dashboard()["panels"] for t in p.get("targets", [])]
+
+
+def concrete(expr: str) -> str:
+    """A dashboard query as Prometheus gets it with every agent and judge selected."""
+    return expr.replace("$agent", ".*").replace("$metric", ".*").replace("$__rate_interval", "1m")
+
+
+def variable_queries() -> dict[str, str]:
+    """Each template variable's series selector (what `label_values(SELECTOR, LABEL)` reads)."""
+    return {
+        v["name"]: re.sub(r"^label_values\((.*), \w+\)$", r"\1", v["query"]["query"])
+        for v in dashboard()["templating"]["list"]
+    }
 
 
 def test_promtool_checks_and_unit_tests() -> None:
@@ -146,7 +177,7 @@ def test_alert_and_dashboard_expressions_use_only_exported_metrics() -> None:
     rules = yaml.safe_load((DEPLOY / "prometheus" / "alerts.yml").read_text())
     recorded = {r["record"] for g in rules["groups"] for r in g["rules"] if "record" in r}
     expressions = [r["expr"] for g in rules["groups"] for r in g["rules"]] + dashboard_exprs()
-    expressions.append(dashboard()["templating"]["list"][0]["query"]["query"].replace(", agent)", ")"))
+    expressions += variable_queries().values()
     for expr in expressions:
         unknown = metric_names_in(expr) - exported - recorded
         assert not unknown, f"{expr!r} uses {unknown}"
@@ -178,6 +209,61 @@ def test_dashboard_covers_what_users_watch() -> None:
     assert "ALERTS" in board["annotations"]["list"][0]["expr"]
     ids = [p["id"] for p in board["panels"]]
     assert len(ids) == len(set(ids))
+
+
+def test_dashboard_repeats_a_row_per_judge() -> None:
+    """A judge that reports (a rubric file's included) gets its row without editing the dashboard: the `metric`
+    variable lists every judge in tracejudge_verdicts_total, a row repeats per value, and each of its panels reads
+    only that judge."""
+    board = dashboard()
+    variables = {v["name"]: v for v in board["templating"]["list"]}
+    judges = variables["metric"]
+    assert judges["query"]["query"] == "label_values(tracejudge_verdicts_total, metric)"
+    assert judges["includeAll"] and judges["multi"] and judges["current"]["value"] == "$__all"
+    panels = board["panels"]
+    start = next(i for i, p in enumerate(panels) if p["type"] == "row" and p.get("repeat") == "metric")
+    assert not panels[start]["collapsed"] and "$metric" in panels[start]["title"]
+    after = panels[start + 1 :]
+    row = after[: next((i for i, p in enumerate(after) if p["type"] == "row"), len(after))]
+    exprs = {t["expr"] for p in row for t in p["targets"]}
+    assert exprs and all('metric=~"$metric"' in e for e in exprs), exprs
+    text = " ".join(exprs)
+    for needle in (
+        "agent_metric_verdict:tracejudge_verdict_share:ratio10m",
+        "tracejudge_verdict_alert_share",
+        "tracejudge_score_sum",
+        "tracejudge_score_count",
+    ):
+        assert needle in text, needle
+    assert any(t.get("exemplar") and "tracejudge_verdicts_total" in t["expr"] for p in row for t in p["targets"])
+
+
+def test_rubric_alert_shares_are_the_thresholds_the_rule_joins() -> None:
+    """record_judges exports each rubric label's alert_share as tracejudge_verdict_alert_share{metric,verdict};
+    built-ins and judges that are not rubric files export none; the shipped rule joins on exactly those labels."""
+
+    class Foreign:  # a judge passed in code: no rubric
+        name, model_name, rubric_version = "foreign", "m", "foreign@1"
+
+    registry = CollectorRegistry()
+    ConsumerInstruments(registry).record_judges([FailureRateMetric("m"), REFUND_POLICY("m"), Foreign()])
+    shares = {
+        (s.labels["metric"], s.labels["verdict"]): s.value
+        for family in registry.collect()
+        for s in family.samples
+        if s.name == "tracejudge_verdict_alert_share"
+    }
+    assert shares == {("refund_policy", "violation"): 0.1}
+    assert (
+        registry.get_sample_value(
+            "tracejudge_judge_info", {"metric": "foreign", "model": "m", "rubric_version": "foreign@1"}
+        )
+        == 1
+    )
+    rules = yaml.safe_load((DEPLOY / "prometheus" / "alerts.yml").read_text())
+    alert = next(r for g in rules["groups"] for r in g["rules"] if r.get("alert") == "TracejudgeRubricVerdictShareHigh")
+    assert "group_left max by (metric, verdict) (tracejudge_verdict_alert_share)" in " ".join(alert["expr"].split())
+    assert "tracejudge_verdicts:increase10m >= 20" in alert["expr"]  # one or two verdicts never raise it
 
 
 PER_PROCESS_GAUGES = ("tracejudge_hallucination_rate", "tracejudge_flow_score", "tracejudge_judge_human_agreement")
@@ -347,8 +433,7 @@ def test_prometheus_rule_wraps_the_alert_rules() -> None:
 def test_dashboard_expressions_parse(expr: str) -> None:
     """promtool parses each dashboard query (template variables replaced), via a throwaway rule file."""
     promtool = require_binary("promtool")
-    concrete = expr.replace("$agent", ".*").replace("$__rate_interval", "1m")
-    rule = {"groups": [{"name": "dashboard", "rules": [{"record": "dashboard:query", "expr": concrete}]}]}
+    rule = {"groups": [{"name": "dashboard", "rules": [{"record": "dashboard:query", "expr": concrete(expr)}]}]}
     completed = subprocess.run(
         [promtool, "check", "rules", "/dev/stdin"],
         input=yaml.safe_dump(rule),

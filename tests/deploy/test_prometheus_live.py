@@ -2,23 +2,42 @@
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+import tests.support.judge_server as judge_server_module
 from tests.consumer.test_pipeline import scripted_judge
-from tests.deploy.test_deploy_files import dashboard_exprs
+from tests.deploy.test_deploy_files import concrete, dashboard_exprs
 from tests.support.judge_server import JudgeServer, Reply, conversation_text
 from tests.support.pipeline import RunningConsumer, consumer_settings, play, traced_app, wait_for
 from tests.support.prometheus import api, running_prometheus, warm_up
 from tracejudge.consumer.embedded_broker import EmbeddedBroker
 from tracejudge.tracer import record_feedback
 
+# A team's rubric file judged beside the built-ins, with a label to alert on: the dashboard's per-judge row and
+# TracejudgeRubricVerdictShareHigh see it without editing either.
+REFUND_POLICY: dict[str, Any] = {
+    "name": "refund_policy",
+    "version": 1,
+    "instructions": "REFUND-POLICY-RUBRIC: did the agent keep to the refund policy?",
+    "labels": [
+        {"name": "compliant", "weight": 1.0},
+        {"name": "violation", "weight": 0.0, "alert_share": 0.5},
+    ],
+}
+
 
 def judge_with_failures(request: dict) -> Reply:
-    if "flaky" in conversation_text(request):
+    text = conversation_text(request)
+    if "flaky" in text:
         return Reply(content="no verdict today")
+    if judge_server_module.metric_of(request) == "refund_policy":
+        verdict = "violation" if "INVENTED" in text else "compliant"
+        return Reply(content=json.dumps({"verdict": verdict, "evidence": ["turn 1"], "reason": "scripted"}))
     return scripted_judge(request)
 
 
@@ -29,6 +48,8 @@ def test_prometheus_scrapes_alerts_and_dashboard_queries(
 ) -> None:
     judge_server.responder = judge_with_failures
     provider = traced_app(broker.bootstrap_servers, topic)
+    rubric = tmp_path / "refund_policy.json"  # JSON is YAML
+    rubric.write_text(json.dumps(REFUND_POLICY))
     # The canary and a shadow judge run too, so the dashboard's judge-watch panels have data to show.
     settings = consumer_settings(
         broker.bootstrap_servers,
@@ -37,6 +58,7 @@ def test_prometheus_scrapes_alerts_and_dashboard_queries(
         canary_accuracy_floor=0.5,
         shadow_judge_model="gpt-4.1-mini",
         shadow_sample_rate=0.2,
+        judge_files=[str(rubric)],
     )
     with RunningConsumer(settings) as consumer:
         with running_prometheus(tmp_path, consumer.app.metrics_url) as base:
@@ -54,24 +76,39 @@ def test_prometheus_scrapes_alerts_and_dashboard_queries(
                 what="feedback counted",
             )
 
-            def spike_alert() -> list[dict]:
+            def active(alertname: str) -> list[dict]:
                 alerts = api(base, "/api/v1/alerts")["alerts"]
-                return [a for a in alerts if a["labels"]["alertname"] == "TracejudgeHallucinationSpike"]
+                return [a for a in alerts if a["labels"]["alertname"] == alertname]
 
-            wait_for(lambda: bool(spike_alert()), timeout=60, what="TracejudgeHallucinationSpike pending or firing")
+            wait_for(
+                lambda: bool(active("TracejudgeHallucinationSpike")),
+                timeout=60,
+                what="TracejudgeHallucinationSpike pending or firing",
+            )
+            wait_for(
+                lambda: bool(active("TracejudgeRubricVerdictShareHigh")),
+                timeout=60,
+                what="TracejudgeRubricVerdictShareHigh pending or firing",
+            )
             time.sleep(3)
-            alerts = spike_alert()
+            alerts = active("TracejudgeHallucinationSpike")
             assert {a["labels"]["agent"] for a in alerts} == {"spiky-bot"}
             assert alerts[0]["state"] in ("pending", "firing")
+            # The rubric's violation share is 40/41 for spiky-bot, 0 for honest-bot; the built-ins' verdicts (100%
+            # hallucination for spiky-bot) have no alert_share and never raise it.
+            rubric_alerts = active("TracejudgeRubricVerdictShareHigh")
+            assert {(a["labels"]["agent"], a["labels"]["metric"], a["labels"]["verdict"]) for a in rubric_alerts} == {
+                ("spiky-bot", "refund_policy", "violation")
+            }
+            assert "above the rubric's alert_share of 50%" in rubric_alerts[0]["annotations"]["description"]
 
             def all_queries_have_data() -> list[str]:
                 empty = []
                 for expr in dashboard_exprs():
                     if "tracejudge_hallucination_rate_corrected" in expr:
                         continue  # exported only with --calibration (tests/consumer/test_calibrate*.py)
-                    concrete = expr.replace("$agent", ".*").replace("$__rate_interval", "1m")
-                    if not api(base, "/api/v1/query", query=concrete)["result"]:
-                        empty.append(concrete)
+                    if not api(base, "/api/v1/query", query=concrete(expr))["result"]:
+                        empty.append(concrete(expr))
                 return empty
 
             try:
@@ -80,4 +117,7 @@ def test_prometheus_scrapes_alerts_and_dashboard_queries(
                 raise AssertionError(f"{exc}: still empty: {all_queries_have_data()}") from None
             hallucination = api(base, "/api/v1/query", query='tracejudge_hallucination_rate{agent="spiky-bot"}')
             assert float(hallucination["result"][0]["value"][1]) > 0.9
+            # The dashboard's judge variable lists the rubric file's judge beside the built-ins: its row repeats.
+            judges = api(base, "/api/v1/label/metric/values", **{"match[]": "tracejudge_verdicts_total"})
+            assert {"failure_rate", "conversational_flow", "refund_policy"} <= set(judges)
     provider.shutdown()

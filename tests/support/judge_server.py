@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -269,7 +270,7 @@ class JudgeServer:
             return reply
         if not reply.content:  # a refusal or an empty answer is possible in every mode
             return reply
-        labels = sorted(SEED_LABELS[metric_of(body)])
+        labels = sorted(labels_of(body))
         try:
             answer = json.loads(reply.content)
         except ValueError:
@@ -280,7 +281,7 @@ class JudgeServer:
             return reply
         # The model had to pick a valid token sequence: a label it would have chosen (stable per answer).
         label = labels[int(hashlib.sha256(reply.content.encode()).hexdigest(), 16) % len(labels)]
-        evidence_key = "key_issues" if metric_of(body) == "conversational_flow" else "evidence"
+        evidence_key = "key_issues" if metric_of(body) == "conversational_flow" else "evidence"  # a file: evidence
         content = json.dumps({"verdict": label, evidence_key: [], "reason": "constrained"})
         return Reply(content=content, delay_s=reply.delay_s, hang=reply.hang)
 
@@ -348,7 +349,7 @@ def schema_problem(request: dict[str, Any]) -> str | None:
     schema = spec.get("schema") or {}
     properties = schema.get("properties") or {}
     enum = (properties.get("verdict") or {}).get("enum")
-    labels = SEED_LABELS[metric_of(request)]
+    labels = labels_of(request)
     if spec.get("strict") is not True:
         return "the schema is not strict"
     if not isinstance(enum, list) or len(enum) != len(set(enum)) or set(enum) != labels:
@@ -359,9 +360,24 @@ def schema_problem(request: dict[str, Any]) -> str | None:
 
 
 def metric_of(request: dict[str, Any]) -> str:
-    """Which judge sent the request, read from its static system prompt."""
+    """Which judge sent the request: its strict schema's name (`{judge}_verdict`), else its static system prompt."""
+    response_format = request.get("response_format")
+    if isinstance(response_format, dict):
+        name = str((response_format.get("json_schema") or {}).get("name") or "")
+        if name.endswith("_verdict"):
+            return name.removesuffix("_verdict")
     system = next((m["content"] for m in request.get("messages", []) if m.get("role") == "system"), "")
     return "conversational_flow" if '"fully"' in system else "failure_rate"
+
+
+def labels_of(request: dict[str, Any]) -> frozenset[str]:
+    """The judge's labels: the seeds' for a built-in; a rubric file's judge, those its prompt lists (`- "label"`)."""
+    metric = metric_of(request)
+    if metric in SEED_LABELS:
+        return SEED_LABELS[metric]
+    system = next((m["content"] for m in request.get("messages", []) if m.get("role") == "system"), "")
+    listed = system.partition("## Labels (choose exactly one)")[2].partition("\n\n## ")[0]
+    return frozenset(re.findall(r'^- "([a-z][a-z0-9_]*)"', listed, re.M))
 
 
 def _serve_forever() -> None:
