@@ -128,6 +128,7 @@ def build_judges(
         model, timeout = judge_tier_backend(settings, model, durable_batches=durable_batches)
     classes = judge_classes(settings.judge_files)  # the built-ins and the team's rubric files
     taxonomies = settings.taxonomies()  # --failure-modes: replaces a judge's own taxonomy
+    mode_alerts = settings.mode_alerts()
     return [
         classes[name](
             model,
@@ -136,6 +137,7 @@ def build_judges(
             max_retries=settings.judge_retries,
             redactor=(redactor or redact_pii) if settings.redact else None,
             failure_modes=taxonomies.get(name),
+            mode_alert_shares=mode_alerts.get(name),
         )
         for name in settings.metrics
     ]

@@ -545,6 +545,15 @@ class Settings(BaseSettings):
 
         return load_failure_modes(self.failure_modes, judge_classes(self.judge_files))
 
+    def mode_alerts(self) -> dict[str, dict[str, float]]:
+        """--failure-modes: the modes each named judge opts into the mode-share alert (`alert_share`)."""
+        if not self.failure_modes:
+            return {}
+        from tracejudge.metrics.judges import judge_classes
+        from tracejudge.metrics.rubric import failure_mode_alerts
+
+        return failure_mode_alerts(self.failure_modes, judge_classes(self.judge_files))
+
     @field_validator("metrics", mode="before")
     @classmethod
     def _metrics(cls, value: Any, info: ValidationInfo) -> list[str]:

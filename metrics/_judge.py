@@ -266,6 +266,7 @@ class HolisticJudgeMetric:
     # The failure modes a failing verdict is sorted into, (name, description), and the verdicts that get one; the
     # judge names the mode in the same call (`failure_mode`). `other` is always there: an answer outside counts as it.
     taxonomy: ClassVar[tuple[tuple[str, str], ...]] = ()
+    taxonomy_alerts: ClassVar[dict[str, float]] = {}  # modes opted into TracejudgeFailureModeShareHigh: threshold
     failing_verdicts: ClassVar[tuple[str, ...]] = ()
 
     def __init__(
@@ -280,8 +281,10 @@ class HolisticJudgeMetric:
         redactor: Redactor | None = None,
         prepare_timeout: float = DEFAULT_PREPARE_TIMEOUT_S,
         failure_modes: Sequence[tuple[str, str]] | None = None,
+        mode_alert_shares: dict[str, float] | None = None,
     ) -> None:
-        """`failure_modes`: (name, description) pairs replacing the judge's own taxonomy (`()`: name no mode)."""
+        """`failure_modes`: (name, description) pairs replacing the judge's own taxonomy (`()`: name no mode), with
+        `mode_alert_shares` (the modes opted into the mode-share alert, by threshold) replacing its own too."""
         if not 0.0 <= threshold <= 1.0:
             raise ValueError(f"threshold must be within 0..1, got {threshold}")
         if timeout <= 0 or prepare_timeout <= 0:
@@ -301,6 +304,9 @@ class HolisticJudgeMetric:
         self.mode_taxonomy: tuple[tuple[str, str], ...] = tuple(
             (name, description) for name, description in modes if name != OTHER_MODE
         )
+        replaced = failure_modes is not None or mode_alert_shares is not None
+        alerts = (mode_alert_shares or {}) if replaced else self.taxonomy_alerts
+        self.mode_alert_shares: dict[str, float] = dict(alerts)
 
     @property
     def effective_system_prompt(self) -> str:

@@ -6,6 +6,8 @@ the same code as a team's judge (`rubric.py`); the constants below are read from
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from .rubric import RubricMetric, builtin_rubric, compose_system_prompt
 
 _RUBRIC = builtin_rubric("failure_rate")
@@ -29,3 +31,4 @@ class FailureRateMetric(RubricMetric):
     evidence_key = _RUBRIC.evidence_key
     taxonomy = tuple((mode.name, mode.description) for mode in _RUBRIC.failure_modes)
     failing_verdicts = _RUBRIC.failing_verdicts
+    taxonomy_alerts: ClassVar[dict[str, float]] = _RUBRIC.mode_alert_shares

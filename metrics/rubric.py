@@ -115,12 +115,21 @@ class RubricExample(BaseModel):
 
 
 class FailureMode(BaseModel):
-    """What a failing verdict is about (issue: failure modes): a name (a label value) and what it covers."""
+    """What a failing verdict is about: a name (a label value) and what it covers. `alert_share` opts this mode into
+    TracejudgeFailureModeShareHigh: alert when its share of the judge's failing verdicts goes above it."""
 
     model_config = ConfigDict(extra="forbid")
 
     name: str
     description: str = ""
+    alert_share: float | None = None
+
+    @field_validator("alert_share")
+    @classmethod
+    def _share(cls, value: float | None) -> float | None:
+        if value is not None and not 0.0 < value <= 1.0:
+            raise ValueError(f"alert_share {value!r} is outside 0..1 (a share of the judge's failing verdicts)")
+        return value
 
     @field_validator("name")
     @classmethod
@@ -206,6 +215,11 @@ class Rubric(BaseModel):
         if self.failing is not None:
             return tuple(self.failing)
         return tuple(label.name for label in self.labels if label.weight < 0.5)
+
+    @property
+    def mode_alert_shares(self) -> dict[str, float]:
+        """The failure modes opted into the mode-share alert, by threshold."""
+        return {mode.name: mode.alert_share for mode in self.failure_modes if mode.alert_share is not None}
 
     @property
     def alert_shares(self) -> dict[str, float]:
@@ -386,6 +400,7 @@ def metric_class(rubric: Rubric, *, source: str = "", builtin: bool = False) -> 
         "extended_examples": rubric.extended_examples,
         "evidence_key": rubric.evidence_key,
         "taxonomy": tuple((mode.name, mode.description) for mode in rubric.failure_modes),
+        "taxonomy_alerts": rubric.mode_alert_shares,
         "failing_verdicts": rubric.failing_verdicts,
         "__doc__": rubric.description or f"The {rubric.name} judge (rubric file {source or 'given in code'}).",
     }
@@ -410,6 +425,22 @@ def load_rubrics(paths: Iterable[str | Path], *, taken: Iterable[str] = BUILTIN_
 def load_failure_modes(path: str | Path, judges: Mapping[str, Any]) -> dict[str, tuple[tuple[str, str], ...]]:
     """A `--failure-modes` file: for each judge's name, a list of `{name, description}` (at most 20); each list
     replaces that judge's own taxonomy. RubricError (one line) for anything else, an unknown judge included."""
+    return {
+        judge: tuple((mode.name, mode.description) for mode in modes)
+        for judge, modes in failure_mode_lists(path, judges).items()
+    }
+
+
+def failure_mode_alerts(path: str | Path, judges: Mapping[str, Any]) -> dict[str, dict[str, float]]:
+    """The modes a `--failure-modes` file opts into TracejudgeFailureModeShareHigh (`alert_share`), by judge."""
+    return {
+        judge: {mode.name: mode.alert_share for mode in modes if mode.alert_share is not None}
+        for judge, modes in failure_mode_lists(path, judges).items()
+    }
+
+
+def failure_mode_lists(path: str | Path, judges: Mapping[str, Any]) -> dict[str, tuple[FailureMode, ...]]:
+    """The file's modes, by judge, validated (without `other`: every taxonomy has it)."""
     import yaml
 
     source = str(path)
@@ -425,7 +456,7 @@ def load_failure_modes(path: str | Path, judges: Mapping[str, Any]) -> dict[str,
         raise RubricError(source, "", f"is not YAML{where}: {getattr(exc, 'problem', None) or exc}") from None
     if not isinstance(data, Mapping):
         raise RubricError(source, "", "expected a mapping: each judge's name to its list of {name, description}")
-    taxonomies: dict[str, tuple[tuple[str, str], ...]] = {}
+    taxonomies: dict[str, tuple[FailureMode, ...]] = {}
     for judge, modes in data.items():
         if judge not in judges:
             raise RubricError(source, str(judge), f"unknown judge; known: {', '.join(judges)}")
@@ -442,7 +473,7 @@ def load_failure_modes(path: str | Path, judges: Mapping[str, Any]) -> dict[str,
         duplicate = next((name for i, name in enumerate(names) if name in names[:i]), None)
         if duplicate is not None:
             raise RubricError(source, str(judge), f"duplicate mode {duplicate!r}")
-        taxonomies[str(judge)] = tuple((mode.name, mode.description) for mode in parsed if mode.name != OTHER_MODE)
+        taxonomies[str(judge)] = tuple(mode for mode in parsed if mode.name != OTHER_MODE)
     return taxonomies
 
 
@@ -451,6 +482,6 @@ def rubric_digest(rubric: Rubric) -> str:
     the failure-mode taxonomy (a new taxonomy names modes from then on; it does not re-judge), not the layout."""
     content = rubric.model_dump(
         mode="json", exclude={"labels": {"__all__": {"alert_share"}}, "failure_modes": True, "failing": True}
-    )
+    )  # (the modes' alert thresholds go with the taxonomy)
     material = json.dumps(content, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
     return hashlib.sha256(material.encode("utf-8", "surrogatepass")).hexdigest()[:12]

@@ -359,6 +359,13 @@ class ConsumerInstruments:
             ["metric", "verdict"],
             registry=registry,
         )
+        self.mode_alert_share = Gauge(
+            "tracejudge_failure_mode_alert_share",
+            "A failure mode's alert_share (opt-in, in its taxonomy): TracejudgeFailureModeShareHigh fires when this "
+            "mode's share of an agent's failing verdicts of the judge goes above it (only modes that set one)",
+            ["metric", "mode"],
+            registry=registry,
+        )
         self.textless_spans = Counter(
             "tracejudge_textless_llm_spans_total",
             "Spans that look like a model call or an agent run but carry no text, by convention and outcome "
@@ -423,6 +430,9 @@ class ConsumerInstruments:
             modes = tuple(getattr(judge, "failure_modes", ()) or ())
             if modes:
                 self._modes[judge.name] = (tuple(getattr(judge, "failing_verdicts", ())), modes)
+                for mode, share in (getattr(judge, "mode_alert_shares", None) or {}).items():
+                    if mode in modes:
+                        self.mode_alert_share.labels(metric=judge.name, mode=mode).set(share)
             self.tier_fallbacks.labels(metric=judge.name, model=judge.model_name)  # 0 until one: rate() is 0, not empty
 
     def record_judgement(self, judgement: Judgement) -> None:
