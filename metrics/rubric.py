@@ -81,6 +81,13 @@ class RubricLabel(BaseModel):
     def _name(cls, value: str) -> str:
         return _valid_name(value, "label name")
 
+    @field_validator("weight", mode="before")
+    @classmethod
+    def _weight_kind(cls, value: Any) -> Any:
+        if isinstance(value, bool):  # YAML `yes`/`true` would pass as 1.0
+            raise ValueError(f"weight {value!r} must be a number within 0..1")
+        return value
+
     @field_validator("weight")
     @classmethod
     def _weight(cls, value: float) -> float:
@@ -162,6 +169,13 @@ class Rubric(BaseModel):
     def _name(cls, value: str) -> str:
         return _valid_name(value, "name")
 
+    @field_validator("version", mode="before")
+    @classmethod
+    def _version_kind(cls, value: Any) -> Any:
+        if isinstance(value, bool) or not isinstance(value, int | str):  # else pydantic's error names "version.int"
+            raise ValueError(f"version {value!r} must be a whole number or a short tag (quote a dotted one: '1.2')")
+        return value
+
     @field_validator("version")
     @classmethod
     def _version(cls, value: int | str) -> int | str:
@@ -229,7 +243,10 @@ class Rubric(BaseModel):
 def _pydantic_problem(source: str, exc: ValidationError) -> RubricError:
     """The first problem, as `FILE: FIELD: what`."""
     error = exc.errors()[0]
-    location = ".".join(str(part) if not isinstance(part, int) else f"[{part}]" for part in error["loc"])
+    location = ".".join(
+        f"[{part}]" if isinstance(part, int) else str(part) if re.fullmatch(r"\w+", str(part)) else repr(part)
+        for part in error["loc"]
+    )  # an unknown key may hold a newline: repr keeps the line one
     location = location.replace(".[", "[")
     message = str(error["msg"]).removeprefix("Value error, ")
     if error["type"] == "extra_forbidden":
@@ -257,12 +274,42 @@ def _known_fields(location: tuple[Any, ...]) -> list[str]:
 
 def parse_rubric(data: Any, source: str) -> Rubric:
     """A rubric from already-parsed YAML/JSON; RubricError for anything that cannot be a judge."""
+    if data is None:
+        raise RubricError(source, "", "is empty: expected a mapping of fields (name, instructions, labels, ...)")
     if not isinstance(data, Mapping):
         raise RubricError(source, "", f"is not a rubric: expected a mapping of fields, got {type(data).__name__}")
     try:
         return Rubric.model_validate(dict(data))
     except ValidationError as exc:
         raise _pydantic_problem(source, exc) from None
+
+
+class DuplicateKey(Exception):
+    def __init__(self, key: str, line: int) -> None:
+        super().__init__(key, line)
+        self.key, self.line = key, line
+
+
+def _strict_yaml(text: str) -> Any:
+    """YAML, refusing a key given twice in one mapping (plain YAML keeps the last: a second `instructions:` would
+    silently replace the first)."""
+    import yaml
+
+    class StrictLoader(yaml.SafeLoader):
+        pass
+
+    def mapping(loader: yaml.SafeLoader, node: yaml.MappingNode) -> Any:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = loader.construct_object(key_node)
+            if isinstance(key, str | int | float | bool) and key in seen:
+                raise DuplicateKey(str(key)[:60], key_node.start_mark.line + 1)
+            if isinstance(key, str | int | float | bool):
+                seen.add(key)
+        return loader.construct_mapping(node)
+
+    StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, mapping)
+    return yaml.load(text, Loader=StrictLoader)  # a SafeLoader: no arbitrary objects
 
 
 def load_rubric(path: str | Path) -> Rubric:
@@ -277,7 +324,9 @@ def load_rubric(path: str | Path) -> Rubric:
     except (OSError, UnicodeDecodeError) as exc:
         raise RubricError(source, "", f"cannot be read: {exc}") from None
     try:
-        data = yaml.safe_load(text)
+        data = _strict_yaml(text)
+    except DuplicateKey as exc:
+        raise RubricError(source, exc.key, f"given twice (line {exc.line}); keep one") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" (line {mark.line + 1})" if mark is not None else ""
@@ -445,7 +494,9 @@ def failure_mode_lists(path: str | Path, judges: Mapping[str, Any]) -> dict[str,
 
     source = str(path)
     try:
-        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        data = _strict_yaml(Path(path).read_text(encoding="utf-8"))
+    except DuplicateKey as exc:
+        raise RubricError(source, exc.key, f"given twice (line {exc.line}); keep one") from None
     except FileNotFoundError:
         raise RubricError(source, "", "no such file") from None
     except (OSError, UnicodeDecodeError) as exc:
