@@ -19,7 +19,7 @@ from typing import Any
 
 from tracejudge.metrics.calibration import cohen_kappa, confusion_matrix, proportion_interval
 
-from ..judging.gold import KAPPA_WEIGHTING, LABELS
+from ..judging.gold import KAPPA_WEIGHTING, LABELS, judge_name, labels_with
 
 EXIT_OK, EXIT_BELOW, EXIT_USAGE = 0, 1, 2
 EXIT_INTERRUPTED = 130  # Ctrl-C: 128 + SIGINT, as a shell reports it
@@ -27,7 +27,7 @@ SIDES = ("shadow", "model", "rubric_version")
 # The consumer options that mean something here: where the results topic is and how to log.
 # --group-id finds the consumer's default results topic (`<group>-results`); --results-topic names another.
 COMPARE_OPTIONS = frozenset(
-    {"bootstrap_servers", "group_id", "results_topic", "kafka_config", "log_level", "log_format"}
+    {"bootstrap_servers", "group_id", "results_topic", "kafka_config", "log_level", "log_format", "judge_files"}
 )
 
 
@@ -54,7 +54,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--a", default=None, metavar="VALUE", help="side a's model or rubric version (default none)")
     parser.add_argument("--b", default=None, metavar="VALUE", help="side b's model or rubric version (default none)")
     parser.add_argument(
-        "--metric", action="append", default=None, choices=sorted(LABELS), help="only this metric (default all)"
+        "--metric",
+        action="append",
+        default=None,
+        type=judge_name,
+        help="only this judge: a built-in or a --judge-file judge (default all)",
     )
     parser.add_argument("--agent", default=None, help="only this agent's conversations (default all)")
     parser.add_argument(
@@ -99,15 +103,17 @@ def pair_up(
     end: datetime | None = None,
     agent: str | None = None,
     metrics: list[str] | None = None,
+    labels: dict[str, tuple[str, ...]] | None = None,
 ) -> dict[str, list[tuple[Verdict, Verdict]]]:
     """Per metric, (a, b) verdict pairs on the same conversation, content id and metric; a replayed result (the
     same id written twice) counts once, a failed judgement (no verdict) never."""
+    labels = LABELS if labels is None else labels
     sides: dict[str, dict[tuple[str, str, str], Verdict]] = {"a": {}, "b": {}}
     for record in records:
         if record.get("error") is not None or record.get("verdict") is None:
             continue
         metric = record.get("metric")
-        if metric not in LABELS or (metrics and metric not in metrics) or record["verdict"] not in LABELS[metric]:
+        if metric not in labels or (metrics and metric not in metrics) or record["verdict"] not in labels[metric]:
             continue
         if agent is not None and record.get("agent") != agent:
             continue
@@ -145,8 +151,11 @@ def _rate(verdicts: list[Verdict]) -> dict[str, Any]:
     return {"hallucinations": hits, "n": n, "rate": interval.estimate, "lower": interval.lower, "upper": interval.upper}
 
 
-def compare_metric(metric: str, pairs: list[tuple[Verdict, Verdict]]) -> dict[str, Any]:
-    labels = LABELS[metric]
+def compare_metric(
+    metric: str, pairs: list[tuple[Verdict, Verdict]], labels: tuple[str, ...] | None = None
+) -> dict[str, Any]:
+    """`labels`: the judge's (default a built-in's); a rubric file's judge's kappa is unweighted."""
+    labels = LABELS[metric] if labels is None else labels
     matrix = confusion_matrix(((x.verdict, y.verdict) for x, y in pairs), labels)
     flipped = [
         {
@@ -163,8 +172,8 @@ def compare_metric(metric: str, pairs: list[tuple[Verdict, Verdict]]) -> dict[st
     report: dict[str, Any] = {
         "pairs": len(pairs),
         "agreement": (len(pairs) - len(flipped)) / len(pairs),
-        "kappa": cohen_kappa(matrix, KAPPA_WEIGHTING[metric]),
-        "kappa_weighting": KAPPA_WEIGHTING[metric],
+        "kappa": cohen_kappa(matrix, KAPPA_WEIGHTING.get(metric, "unweighted")),
+        "kappa_weighting": KAPPA_WEIGHTING.get(metric, "unweighted"),
         "a": {
             "models": sorted({x.model for x, _ in pairs}),
             "rubric_versions": sorted({x.rubric_version for x, _ in pairs}),
@@ -315,6 +324,7 @@ def run_compare(namespace: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print("tracejudge compare: interrupted (Ctrl-C): nothing written", file=sys.stderr)
         return EXIT_INTERRUPTED
+    known = labels_with(settings.judge_files)  # the built-ins' and each --judge-file judge's labels
     pairs = pair_up(
         records,
         by=namespace.by,
@@ -324,6 +334,7 @@ def run_compare(namespace: argparse.Namespace) -> int:
         end=end,
         agent=namespace.agent,
         metrics=namespace.metric,
+        labels=known,
     )
     if not pairs:
         sides = "primary and shadow" if namespace.by == "shadow" else f"{namespace.by} {namespace.a} and {namespace.b}"
@@ -339,7 +350,9 @@ def run_compare(namespace: argparse.Namespace) -> int:
         "a": namespace.a or ("primary" if namespace.by == "shadow" else None),
         "b": namespace.b or ("shadow" if namespace.by == "shadow" else None),
         "records": len(records),
-        "metrics": {metric: compare_metric(metric, metric_pairs) for metric, metric_pairs in pairs.items()},
+        "metrics": {
+            metric: compare_metric(metric, metric_pairs, known[metric]) for metric, metric_pairs in pairs.items()
+        },
     }
     missed = [
         f"{metric} agreement {m['agreement']:.3f} < {namespace.min_agreement:g}"

@@ -24,7 +24,7 @@ from os.path import relpath
 from pathlib import Path
 from typing import Any
 
-from ..judging.gold import LABELS
+from ..judging.gold import LABELS, judge_name, labels_with, unknown_verdicts
 from .compare import COMPARE_OPTIONS
 
 EXIT_OK, EXIT_USAGE = 0, 2
@@ -45,7 +45,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="only these verdicts, e.g. hallucination,stall (repeatable; default every verdict)",
     )
     parser.add_argument(
-        "--metric", action="append", default=None, choices=sorted(LABELS), help="only this metric (default all)"
+        "--metric",
+        action="append",
+        default=None,
+        type=judge_name,
+        help="only this judge: a built-in or a rubric file's (repeatable; default all)",
+    )
+    parser.add_argument(
+        "--mode",
+        action="append",
+        default=None,
+        metavar="NAME[,NAME]",
+        help="only failing verdicts about these failure modes, e.g. invented_policies (repeatable; default any)",
     )
     parser.add_argument("--agent", default=None, help="only this agent's conversations (default all)")
     parser.add_argument(
@@ -81,6 +92,7 @@ class Selection:
     end: datetime | None = None
     limit: int | None = None
     include_shadow: bool = False
+    modes: set[str] | None = None
 
 
 @dataclass
@@ -105,6 +117,8 @@ def _matches(record: dict[str, Any], selection: Selection) -> bool:
     if record.get("shadow") and not selection.include_shadow:
         return False
     if selection.verdicts is not None and str(record.get("verdict")) not in selection.verdicts:
+        return False
+    if selection.modes is not None and record.get("failure_mode") not in selection.modes:
         return False
     if selection.metrics and record.get("metric") not in selection.metrics:
         return False
@@ -136,7 +150,18 @@ def turns_of(transcript: list[Any]) -> tuple[list[dict[str, str]], int]:
     return turns, omitted
 
 
-_RESULT_KEYS = ("metric", "verdict", "score", "reason", "evidence", "model", "rubric_version", "result_id", "shadow")
+_RESULT_KEYS = (
+    "metric",
+    "verdict",
+    "failure_mode",
+    "score",
+    "reason",
+    "evidence",
+    "model",
+    "rubric_version",
+    "result_id",
+    "shadow",
+)
 
 
 def select(records: Sequence[dict[str, Any]], selection: Selection) -> Export:
@@ -253,10 +278,14 @@ from tracejudge.metrics import (
 )
 from tracejudge.metrics.compat import ConversationalEvalTestCase
 from tracejudge.metrics.dataset import load_conversations
+from tracejudge.metrics.rubric import Rubric, metric_class
 
 DATASET = Path(__file__).parent / {dataset}
 CASES = load_conversations(DATASET)
 JUDGES = {{"failure_rate": FailureRateMetric, "conversational_flow": ConversationalFlowRateMetric}}
+# The rubric files' judges among the exported results, as their files said when exported (`--judge-file`).
+RUBRICS = {rubrics}
+JUDGES.update({{name: metric_class(Rubric.model_validate(rubric)) for name, rubric in RUBRICS.items()}})
 REPLAY_AGENT = os.environ.get("TRACEJUDGE_REPLAY_AGENT")
 PARAMS = [(case, result) for case in CASES for result in case.results]
 IDS = [f"{{case.name}}-{{result['metric']}}" for case, result in PARAMS]
@@ -361,9 +390,12 @@ if __name__ == "__main__":
 '''
 
 
-def regression_suite(dataset: Path, test_file: Path, export: Export, what: str) -> str:
+def regression_suite(dataset: Path, test_file: Path, export: Export, what: str, judge_files: Sequence[str] = ()) -> str:
+    """ExportError where an exported result's judge is a rubric file's and no --judge-file gives it."""
     models = sorted({str(r.get("model")) for line in export.lines for r in line["results"]})
+    rubrics = _rubrics_of(export, judge_files)
     return REGRESSION_SUITE.format(
+        rubrics=repr(rubrics),
         when=datetime.now(tz=UTC).strftime("%Y-%m-%d %H:%M UTC"),
         count=f"{len(export.lines)} conversation{'' if len(export.lines) == 1 else 's'}",
         what=what,
@@ -373,22 +405,44 @@ def regression_suite(dataset: Path, test_file: Path, export: Export, what: str) 
     )
 
 
+def _rubrics_of(export: Export, judge_files: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """The rubric of each exported judge that is not a built-in, from --judge-file (the file as it is now)."""
+    from tracejudge.metrics.judges import BUILTIN_JUDGES, file_judges
+
+    wanted = sorted({str(r.get("metric")) for line in export.lines for r in line["results"]} - set(BUILTIN_JUDGES))
+    if not wanted:
+        return {}
+    files = file_judges(list(judge_files))
+    missing = [name for name in wanted if name not in files]
+    if missing:
+        raise ExportError(
+            f"--pytest: the exported results of {', '.join(missing)} are re-judged with their rubric: pass its file "
+            "with --judge-file PATH; nothing written"
+        )
+    return {name: files[name].rubric.model_dump(mode="json") for name in wanted}
+
+
 def _usage(message: str) -> int:
     print(f"tracejudge export: {message}", file=sys.stderr)
     return EXIT_USAGE
 
 
-def selection_from(namespace: argparse.Namespace) -> Selection:
-    """ExportError for a bad selection."""
+def selection_from(namespace: argparse.Namespace, labels: dict[str, tuple[str, ...]] | None = None) -> Selection:
+    """ExportError for a bad selection. `labels`: each known judge's (default the built-ins')."""
     from .backfill import parse_time
 
     verdicts = None
     if namespace.verdict:
         verdicts = {v.strip() for item in namespace.verdict for v in item.split(",") if v.strip()}
-        known = set().union(*LABELS.values())
-        unknown = sorted(verdicts - known)
+        unknown, known = unknown_verdicts(verdicts, namespace.metric, LABELS if labels is None else labels)
         if unknown:
-            raise ExportError(f"--verdict: unknown {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+            raise ExportError(
+                f"--verdict: unknown {', '.join(unknown)}; known: {', '.join(sorted(known))} (a rubric file's judge: "
+                "name it with --metric NAME)"
+            )
+    modes = None
+    if getattr(namespace, "mode", None):
+        modes = {m.strip() for item in namespace.mode for m in item.split(",") if m.strip()}
     try:
         start = parse_time(namespace.start) if namespace.start else None
         end = parse_time(namespace.end) if namespace.end else None
@@ -398,7 +452,9 @@ def selection_from(namespace: argparse.Namespace) -> Selection:
         raise ExportError(f"--from ({start.isoformat()}) must be before --to ({end.isoformat()})")
     if namespace.limit is not None and namespace.limit < 1:
         raise ExportError(f"--limit must be at least 1, got {namespace.limit}")
-    return Selection(verdicts, namespace.metric, namespace.agent, start, end, namespace.limit, namespace.include_shadow)
+    return Selection(
+        verdicts, namespace.metric, namespace.agent, start, end, namespace.limit, namespace.include_shadow, modes
+    )
 
 
 def run_export(namespace: argparse.Namespace) -> int:
@@ -411,7 +467,7 @@ def run_export(namespace: argparse.Namespace) -> int:
 
     settings = settings_from_args(namespace)
     try:
-        selection = selection_from(namespace)
+        selection = selection_from(namespace, labels_with(settings.judge_files))
     except ExportError as exc:
         return _usage(str(exc))
     if not settings.results_topic_name():
@@ -433,6 +489,11 @@ def run_export(namespace: argparse.Namespace) -> int:
         print("tracejudge export: interrupted (Ctrl-C): nothing written", file=sys.stderr)
         return EXIT_INTERRUPTED
     export = select(records, selection)
+    if test_file is not None:
+        try:
+            _rubrics_of(export, settings.judge_files)  # before anything is written
+        except ExportError as exc:
+            return _usage(str(exc))
     if not export.lines and export.without_transcript:  # an empty file would look like "nothing matched"
         return _usage(
             f"{export.without_transcript} matching results carry no transcript, so there is nothing to export: run "
@@ -445,9 +506,15 @@ def run_export(namespace: argparse.Namespace) -> int:
                 out.write(json.dumps(line, ensure_ascii=False) + "\n")
         if test_file is not None:
             what = ", ".join(sorted(selection.verdicts)) if selection.verdicts else "every verdict"
-            test_file.write_text(regression_suite(output, test_file, export, what), encoding="utf-8")
+            if selection.modes:
+                what += f" about {', '.join(sorted(selection.modes))}"
+            test_file.write_text(
+                regression_suite(output, test_file, export, what, settings.judge_files), encoding="utf-8"
+            )
     except OSError as exc:
         return _usage(f"cannot write: {exc.strerror or exc}")
+    except ExportError as exc:  # checked above; kept so a rubric file edited meanwhile still says one line
+        return _usage(str(exc))
     print(
         f"tracejudge export: {len(export.lines)} conversations written to {output} ({export.matched} matching results "
         f"of {export.records} records read)" + (f"; regression suite {test_file}" if test_file else "")

@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from ..judging.gold import LABELS
+from ..judging.gold import LABELS, judge_name, unknown_verdicts
 
 EXIT_OK, EXIT_NO_TOPIC, EXIT_USAGE = 0, 1, 2
 WATCH_OPTIONS = frozenset({"bootstrap_servers", "group_id", "results_topic", "kafka_config", "log_level", "log_format"})
@@ -47,7 +47,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="only these verdicts, e.g. hallucination,failed (repeatable; default every verdict)",
     )
     parser.add_argument(
-        "--metric", action="append", default=None, choices=sorted(LABELS), help="only this judge (default all)"
+        "--metric",
+        action="append",
+        default=None,
+        type=judge_name,
+        help="only this judge: a built-in or a rubric file's (repeatable; default all)",
     )
     parser.add_argument("--agent", default=None, help="only this agent's conversations (default all)")
     parser.add_argument(
@@ -91,8 +95,8 @@ def filters_from(namespace: argparse.Namespace) -> Filters:
     verdicts = None
     if namespace.verdict:
         verdicts = frozenset(v.strip() for item in namespace.verdict for v in item.split(",") if v.strip())
-        known = set().union(*LABELS.values()) | {FAILED}
-        unknown = sorted(verdicts - known)
+        unknown, known = unknown_verdicts(verdicts - {FAILED}, namespace.metric, LABELS)
+        known |= {FAILED}
         if unknown:
             raise WatchError(f"--verdict: unknown {', '.join(unknown)}; known: {', '.join(sorted(known))}")
     if namespace.latest is not None and namespace.latest < 1:

@@ -25,6 +25,39 @@ LABELS: dict[str, tuple[str, ...]] = {
 KAPPA_WEIGHTING: dict[str, Weighting] = {"failure_rate": "unweighted", "conversational_flow": "linear"}
 
 
+def labels_with(judge_files: list[str] | tuple[str, ...] = ()) -> dict[str, tuple[str, ...]]:
+    """The built-ins' labels and each rubric file's judge's, in its file's order (its kappa is unweighted: a file's
+    labels say nothing of an order)."""
+    if not judge_files:
+        return dict(LABELS)
+    from tracejudge.metrics.judges import file_judges
+
+    return {**LABELS, **{name: tuple(cls.weights) for name, cls in file_judges(list(judge_files)).items()}}
+
+
+def judge_name(value: str) -> str:
+    """An argparse type: a judge's name as any judge may have it (a built-in or a rubric file's)."""
+    import argparse
+    import re
+
+    from tracejudge.metrics.rubric import NAME_PATTERN
+
+    if not re.fullmatch(NAME_PATTERN, value):
+        raise argparse.ArgumentTypeError(f"{value!r} is not a judge name ({NAME_PATTERN}), e.g. failure_rate")
+    return value
+
+
+def unknown_verdicts(
+    verdicts: set[str] | frozenset[str], metrics: list[str] | None, labels: dict[str, tuple[str, ...]]
+) -> tuple[list[str], set[str]]:
+    """Verdicts no judge named (else: no judge known) can give, and the verdicts known. A judge named that is not
+    known (a rubric file's, read from the results topic without its file) may give any label-like verdict."""
+    if metrics and any(metric not in labels for metric in metrics):
+        return [], set()
+    known = {label for metric in (metrics or labels) for label in labels[metric]}
+    return sorted(set(verdicts) - known), known
+
+
 class DatasetError(ValueError):
     def __init__(self, source: str, line: int | None, message: str) -> None:
         where = f"{source}:{line}" if line is not None else source
@@ -58,7 +91,7 @@ def builtin_dataset_bytes() -> bytes:
     return resources.files("tracejudge.metrics").joinpath("data", BUILTIN_DATASET).read_bytes()
 
 
-def _parse_item(raw: str, line: int, source: str) -> GoldItem:
+def _parse_item(raw: str, line: int, source: str, known: dict[str, tuple[str, ...]]) -> GoldItem:
     def fail(message: str) -> DatasetError:
         return DatasetError(source, line, message)
 
@@ -92,18 +125,20 @@ def _parse_item(raw: str, line: int, source: str) -> GoldItem:
         raise fail(f"item {item_id!r}: 'labels' must be an object")
     labels = {metric: label for metric, label in labels.items() if label is not None}  # null: not labelled
     for metric, label in labels.items():
-        if metric not in LABELS:
-            raise fail(f"item {item_id!r}: unknown metric {metric!r} in labels; known: {', '.join(LABELS)}")
-        if label not in LABELS[metric]:
-            raise fail(f"item {item_id!r}: unknown {metric} label {label!r}; known: {', '.join(LABELS[metric])}")
+        if metric not in known:
+            raise fail(f"item {item_id!r}: unknown metric {metric!r} in labels; known: {', '.join(known)}")
+        if label not in known[metric]:
+            raise fail(f"item {item_id!r}: unknown {metric} label {label!r}; known: {', '.join(known[metric])}")
     note = entry.get("note")
     if note is not None and not isinstance(note, str):
         raise fail(f"item {item_id!r}: 'note' must be a string")
     return GoldItem(item_id, tuple(parsed), dict(labels), note, line)
 
 
-def parse_dataset(data: bytes, source: str) -> list[GoldItem]:
-    """Every line validated before anything is judged; the first bad line raises DatasetError with its number."""
+def parse_dataset(data: bytes, source: str, labels: dict[str, tuple[str, ...]] | None = None) -> list[GoldItem]:
+    """Every line validated before anything is judged; the first bad line raises DatasetError with its number.
+    `labels`: each judge's labels a line may carry (default the built-ins'; `labels_with` adds rubric files')."""
+    known = LABELS if labels is None else labels
     try:
         text = data.decode("utf-8-sig")  # a BOM from Windows editors is not an error
     except UnicodeDecodeError as exc:
@@ -114,7 +149,7 @@ def parse_dataset(data: bytes, source: str) -> list[GoldItem]:
     for line, raw in enumerate(text.split("\n"), 1):
         if not raw.strip():
             continue
-        item = _parse_item(raw, line, source)
+        item = _parse_item(raw, line, source, known)
         if item.id in seen:
             raise DatasetError(source, line, f"duplicate id {item.id!r} (first on line {seen[item.id]})")
         seen[item.id] = line
@@ -128,7 +163,7 @@ def text_line(data: bytes, offset: int) -> int:
     return data.count(b"\n", 0, offset) + 1
 
 
-def load_dataset(path: str | None) -> Dataset:
+def load_dataset(path: str | None, labels: dict[str, tuple[str, ...]] | None = None) -> Dataset:
     if path is None:
         data = builtin_dataset_bytes()
         source, builtin = f"built-in gold set ({BUILTIN_DATASET})", True
@@ -138,4 +173,4 @@ def load_dataset(path: str | None) -> Dataset:
         except OSError as exc:
             raise DatasetError(path, None, f"cannot read the dataset: {exc.strerror or exc}") from None
         source, builtin = path, False
-    return Dataset(parse_dataset(data, source), hashlib.sha256(data).hexdigest(), source, builtin)
+    return Dataset(parse_dataset(data, source, labels), hashlib.sha256(data).hexdigest(), source, builtin)
