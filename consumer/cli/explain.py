@@ -197,6 +197,7 @@ def _attempt(record: dict[str, Any]) -> dict[str, Any]:
     keys = (
         "outcome",
         "verdict",
+        "failure_mode",
         "score",
         "passed",
         "reason",
@@ -298,7 +299,8 @@ def _line(attempt: dict[str, Any]) -> str:
         judge = " ".join(str(attempt[k]) for k in ("model", "rubric_version") if attempt.get(k))
         delay = f", {attempt['delay_s']}s after completion" if attempt.get("delay_s") is not None else ""
         result = f"; result {attempt['result_id']}" if attempt.get("result_id") else ""
-        return f"judged {attempt.get('verdict')}{score}{' by ' + judge if judge else ''}{delay}{result}"
+        about = f" about {attempt['failure_mode']}" if attempt.get("failure_mode") else ""  # its failure mode
+        return f"judged {attempt.get('verdict')}{about}{score}{' by ' + judge if judge else ''}{delay}{result}"
     if outcome == "sampled_out":
         return (
             f"sampled out{_known(('rate', attempt.get('sample_rate')), ('sample point', attempt.get('sample_point')))}"
