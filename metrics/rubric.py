@@ -217,6 +217,10 @@ class Rubric(BaseModel):
         for verdict in self.failing or ():
             if verdict not in seen:
                 raise ValueError(f"failing: {verdict!r} is not a label ({', '.join(sorted(seen))})")
+        if self.failure_modes and not self.failing_verdicts:
+            raise ValueError(
+                "failing: no verdict gets a failure mode (none weighs below 0.5): list the failing verdicts"
+            )
         return self
 
     @property
