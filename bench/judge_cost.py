@@ -22,19 +22,27 @@ Steady state: the static prefix is in the cache (traffic keeps it warm). Cold: e
 judgement of that metric within the cache lifetime, 5 minutes on Anthropic); Anthropic bills the write.
 `break_even_warm_share`: the share of calls that must find the cache warm for us to cost no more than the seeds'.
 Output: the same assumed answer for both libraries (reasoning tokens, e.g. gpt-5-mini's, are left out).
+
+A rubric file's judge (`--judge-file PATH`, repeatable; examples/judges/refund_policy.yaml by default) is priced the
+same way beside each built-in: its system prompt (composed from the file, as the judge really sends it to that model)
+in place of the built-in's, the same conversation part, the same assumed answer length.
+`python -m bench.judge_cost [--judge-file PATH ...]`.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from bench.judge_tokens import _kind, capture, static_prefixes
 from tracejudge.metrics import ConversationalFlowRateMetric, FailureRateMetric
 from tracejudge.metrics._caching import caching_minimum, prompt_for_minimum
 from tracejudge.metrics._litellm import needs_cache_breakpoint
+from tracejudge.metrics.rubric import RubricMetric, load_rubrics
 from tracejudge.metrics.tiers import TIER_BATCH, TIER_FLEX, TIER_STANDARD, has_tier_price, tier_cost
 
 THEIRS = "eval-ai-library 0.8.2"
@@ -51,6 +59,36 @@ ANSWER = json.dumps(
 
 
 METRICS = {"failure_rate": FailureRateMetric, "conversational_flow": ConversationalFlowRateMetric}
+# A failing verdict, without and with the failure mode the judge names in the same answer (a taxonomy in use).
+FAILING_ANSWER = {
+    "verdict": "hallucination",
+    "evidence": ["Turn 2: the assistant says refunds are accepted for 90 days; the policy it was given says 30."],
+    "reason": "The agent stated a refund window that no source supports.",
+}
+
+
+def failure_mode_tokens() -> dict[str, dict[str, int]]:
+    """Per model: output tokens of a failing answer without and with `failure_mode`, and the prompt tokens the
+    default taxonomy adds to Failure Rate's static (cacheable) system prompt."""
+    import litellm
+
+    with_mode = json.dumps({**FAILING_ANSWER, "failure_mode": "invented_policies"})
+    without = json.dumps(FAILING_ANSWER)
+    figures: dict[str, dict[str, int]] = {}
+    for model, caching in MODELS.items():
+        name = caching.judge_model
+        plain = FailureRateMetric(name, failure_modes=()).effective_system_prompt
+        taxonomy = FailureRateMetric(name).effective_system_prompt
+        figures[model] = {
+            "output_tokens_without_mode": litellm.token_counter(model=name, text=without),
+            "output_tokens_with_mode": litellm.token_counter(model=name, text=with_mode),
+            "system_prompt_tokens_without_taxonomy": litellm.token_counter(model=name, text=plain),
+            "system_prompt_tokens_with_taxonomy": litellm.token_counter(model=name, text=taxonomy),
+        }
+    return figures
+
+
+JUDGE_FILES = (str(Path(__file__).resolve().parent.parent / "examples" / "judges" / "refund_policy.yaml"),)
 
 
 @dataclass(frozen=True)
@@ -96,9 +134,11 @@ def our_system_prompts(caching: Caching) -> dict[str, str]:
     """Per metric, the system prompt tracejudge sends to this model (what a metric instance for it really uses)."""
     prompts = {}
     for kind, cls in METRICS.items():
+        instance = cls(caching.judge_model)  # its failure-mode section follows the rubric (the cacheable prefix)
         chosen = prompt_for_minimum(cls.system_prompt, cls.extended_examples, caching.minimum)
+        chosen += instance._modes_section()
         if not caching.what_if:
-            assert chosen == cls(caching.judge_model).effective_system_prompt, (caching.judge_model, kind)
+            assert chosen == instance.effective_system_prompt, (caching.judge_model, kind)
         prompts[kind] = chosen
     return prompts
 
@@ -244,7 +284,49 @@ def _break_even(steady: float, cold: float, other: float) -> float | None:
     return min(1.0, max(0.0, (cold - other) / (cold - steady)))
 
 
-def run() -> dict[str, Any]:
+def _per_conversation(figures: dict[str, Any], conversations: int) -> dict[str, Any]:
+    return {
+        "input_tokens": figures["input_tokens"] / conversations,
+        "cached_tokens": figures["cached_tokens"] / conversations,
+        "static_prefix_tokens": max(figures["static_prefix_tokens"].values()),
+        "output_tokens": figures["output_tokens_per_call"],
+        "steady_usd": figures["steady_usd"] / conversations,
+        "cold_usd": figures["cold_usd"] / conversations,
+    }
+
+
+def file_judge_cost(
+    judge: type[RubricMetric], requests: list[dict[str, Any]], conversations: int
+) -> dict[str, dict[str, Any]]:
+    """Per model, a rubric file's judge against each built-in: tokens and USD per judged conversation.
+
+    The file's judge sends the built-ins' conversation part (the same windowing and redaction) under its own system
+    prompt; the captured Failure Rate requests, one per conversation, carry that part."""
+    per_model: dict[str, dict[str, Any]] = {}
+    conversation_part = [r for r in requests if _kind(r) == "failure_rate"]
+    assert len(conversation_part) == conversations, (len(conversation_part), conversations)
+    for model, caching in MODELS.items():
+        builtin_prompts = our_system_prompts(caching)
+        instance = judge(caching.judge_model)
+        prompt = instance.effective_system_prompt  # the rubric, any extension, the failure-mode section
+        if caching.what_if:  # the extension chosen for the hypothetical minimum
+            rubric = prompt_for_minimum(judge.system_prompt, judge.extended_examples, caching.minimum)
+            prompt = rubric + instance._modes_section()
+        static = dict.fromkeys(METRICS, prompt)  # whichever kind bench's classifier reads the file's prompt as
+        mine = with_system_prompts(conversation_part, static)
+        row = {judge.name: _per_conversation(price(mine, static, caching, marked=True), conversations)}
+        for kind in METRICS:
+            builtin = with_system_prompts([r for r in requests if _kind(r) == kind], builtin_prompts)
+            row[kind] = _per_conversation(
+                price(builtin, {kind: builtin_prompts[kind]}, caching, marked=True), conversations
+            )
+        for kind in METRICS:
+            row[f"ratio_steady_vs_{kind}"] = row[judge.name]["steady_usd"] / row[kind]["steady_usd"]
+        per_model[model] = row
+    return per_model
+
+
+def run(judge_files: tuple[str, ...] | list[str] = JUDGE_FILES) -> dict[str, Any]:
     segments = corpus()
     captured = {name: capture(conversations) for name, conversations in segments.items()}
     ours_all = [r for ours, _ in captured.values() for r in ours]
@@ -264,6 +346,7 @@ def run() -> dict[str, Any]:
             for m, c in MODELS.items()
         },
         "models": {},
+        "failure_mode_tokens": failure_mode_tokens(),
     }
     if not theirs_all:
         print(f"bench: {THEIRS} unavailable, judge_cost has tracejudge only", file=sys.stderr)
@@ -341,6 +424,12 @@ def run() -> dict[str, Any]:
                 sums["ours_steady"], sums["ours_cold"], sums["base_steady"]
             )
         out["models"][model] = row
+    if judge_files:
+        judges = load_rubrics(judge_files)
+        out["judge_files"] = {
+            name: {"file": Path(cls.source).name, "per_model": file_judge_cost(cls, ours_all, total)}
+            for name, cls in judges.items()
+        }
     return out
 
 
@@ -371,5 +460,19 @@ def table_rows(result: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     return rows
 
 
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.judge_cost", description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--judge-file",
+        action="append",
+        metavar="PATH",
+        help="a rubric file whose judge is priced beside the built-ins (repeatable; default: "
+        "examples/judges/refund_policy.yaml)",
+    )
+    args = parser.parse_args(argv)
+    print(json.dumps(run(tuple(args.judge_file) if args.judge_file else JUDGE_FILES), indent=2))
+    return 0
+
+
 if __name__ == "__main__":
-    print(json.dumps(run(), indent=2))
+    sys.exit(main())
