@@ -1,4 +1,5 @@
-"""`tracejudge` commands: consume, demo, backfill, calibrate, compare, explain, export, watch, broker; a module each.
+"""`tracejudge` commands: consume, demo, backfill, calibrate, compare, explain, export, watch, modes, broker; a module
+each.
 
 Invalid configuration: one clear line and exit code 2, before any I/O. What stops a start that the user can fix (a
 metrics port in use: 2; Kafka not answering within `bootstrap_timeout_ms`: 69) is one line too, never a traceback.
@@ -14,7 +15,7 @@ import sys
 from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError, version
 
-from . import backfill, broker, calibrate, compare, demo, explain, export, rejudge, watch
+from . import backfill, broker, calibrate, compare, demo, explain, export, modes, rejudge, watch
 from .consume import calibration_refused, run_consume
 from .options import EXIT_USAGE, add_consumer_flags, settings_from_args
 
@@ -97,6 +98,12 @@ def build_parser() -> argparse.ArgumentParser:
     rejudge.add_arguments(rejudge_parser)
     add_consumer_flags(rejudge_parser, only=rejudge.REJUDGE_OPTIONS)
     rejudge_parser.set_defaults(handler=rejudge.run_rejudge)
+    modes_parser = commands.add_parser(
+        "modes", help="propose: name failure modes from failing verdicts' reasons (a taxonomy file and a report)"
+    )
+    modes.add_arguments(modes_parser)
+    add_consumer_flags(modes_parser, only=modes.MODES_OPTIONS)
+    modes_parser.set_defaults(handler=modes.run_propose)
     # `tracejudge broker`: a local Kafka in one command for the quickstart.
     broker_parser = commands.add_parser("broker", help="a local Kafka (the embedded Tansu) on 127.0.0.1 until Ctrl-C")
     broker.add_arguments(broker_parser)
