@@ -156,7 +156,7 @@ def canary_items(settings: Settings) -> list[Any]:
         return []
     from .judging.canary import load_canary_items
 
-    return load_canary_items(settings.canary_dataset)
+    return load_canary_items(settings.canary_dataset, settings.judge_files)
 
 
 class MetricsPortUnavailable(StartupError):

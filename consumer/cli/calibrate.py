@@ -38,6 +38,7 @@ from ..judging.gold import (  # the dataset format lives in gold.py (the canary 
     Dataset,
     DatasetError,
     GoldItem,
+    labels_with,
     load_dataset,
 )
 
@@ -58,6 +59,7 @@ CALIBRATE_OPTIONS = frozenset(
         "redact",
         "log_format",
         "log_level",
+        "judge_files",
     }
 )
 SKIPPED_BUDGET = "skipped_budget"
@@ -102,8 +104,27 @@ def _sum(values: list[Any]) -> Any:
     return sum(present) if present else None
 
 
-def metric_report(metric: str, outcomes: list[Outcome], rubric_version: Any = None) -> dict[str, Any]:
-    labels = LABELS[metric]
+def _per_label(labels: tuple[str, ...], matrix: list[list[int]]) -> dict[str, dict[str, Any]]:
+    """Each label's agreement: gold items (row), judge verdicts (column), both (diagonal); recall and precision
+    (None where undefined) say which label the judge confuses, for any judge's labels."""
+    figures: dict[str, dict[str, Any]] = {}
+    for i, label in enumerate(labels):
+        gold, judged, agreed = sum(matrix[i]), sum(row[i] for row in matrix), matrix[i][i]
+        figures[label] = {
+            "gold": gold,
+            "judge": judged,
+            "agreed": agreed,
+            "recall": agreed / gold if gold else None,
+            "precision": agreed / judged if judged else None,
+        }
+    return figures
+
+
+def metric_report(
+    metric: str, outcomes: list[Outcome], rubric_version: Any = None, labels: tuple[str, ...] | None = None
+) -> dict[str, Any]:
+    """`labels`: the judge's (default a built-in's); a rubric file's judge's kappa is unweighted."""
+    labels = LABELS[metric] if labels is None else labels
     judged = [o for o in outcomes if o.result.error is None and o.result.verdict in labels]
     failed = [o for o in outcomes if o not in judged]
     matrix = confusion_matrix(((o.item.labels[metric], o.result.verdict or "") for o in judged), labels)
@@ -114,10 +135,11 @@ def metric_report(metric: str, outcomes: list[Outcome], rubric_version: Any = No
         "judge_failures": len(failed),
         "judge_failure_kinds": dict(Counter(o.result.error_kind or "unknown" for o in failed)),
         "accuracy": accuracy(matrix),
-        "kappa": cohen_kappa(matrix, KAPPA_WEIGHTING[metric]),
-        "kappa_weighting": KAPPA_WEIGHTING[metric],
+        "kappa": cohen_kappa(matrix, KAPPA_WEIGHTING.get(metric, "unweighted")),
+        "kappa_weighting": KAPPA_WEIGHTING.get(metric, "unweighted"),
         "labels": list(labels),
         "confusion_matrix": matrix,
+        "per_label": _per_label(labels, matrix),
         "cost_usd": _sum([o.result.cost_usd for o in outcomes]),
         "input_tokens": _sum([o.result.input_tokens for o in outcomes]),
         "output_tokens": _sum([o.result.output_tokens for o in outcomes]),
@@ -135,7 +157,10 @@ def build_report(
 ) -> dict[str, Any]:
     metrics = {
         judge.name: metric_report(
-            judge.name, [o for o in outcomes if o.metric == judge.name], getattr(judge, "rubric_version", None)
+            judge.name,
+            [o for o in outcomes if o.metric == judge.name],
+            getattr(judge, "rubric_version", None),
+            LABELS.get(judge.name) or tuple(judge.weights),  # a built-in's in its rubric order (Flow's kappa)
         )
         for judge in judges
     }
@@ -272,7 +297,7 @@ def run_calibrate(namespace: argparse.Namespace, judge: str | CustomLLMClient | 
         if Path(namespace.output).is_dir():
             return _usage(f"--output: {namespace.output} is a directory")
     try:
-        dataset = load_dataset(namespace.dataset)
+        dataset = load_dataset(namespace.dataset, labels_with(settings.judge_files))
     except DatasetError as exc:
         return _usage(str(exc))
     configure_logging(settings.log_level, settings.log_format)

@@ -81,7 +81,7 @@ def canary_refused(settings: Any) -> bool:
     from ..judging.gold import DatasetError
 
     try:
-        load_canary_items(settings.canary_dataset)
+        load_canary_items(settings.canary_dataset, settings.judge_files)
     except DatasetError as exc:
         print(
             f"tracejudge: invalid configuration: --canary-dataset / TRACEJUDGE_CANARY_DATASET: {exc}", file=sys.stderr

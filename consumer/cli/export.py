@@ -199,7 +199,13 @@ def select(records: Sequence[dict[str, Any]], selection: Selection) -> Export:
         chosen = chosen[: selection.limit]
     metric_order = {name: i for i, name in enumerate(selection.metrics or sorted(LABELS))}
     for results in sorted(chosen, key=_order):  # oldest first in the file
-        results.sort(key=lambda r: (metric_order.get(str(r.get("metric")), 99), bool(r.get("shadow"))))
+        results.sort(  # a judge not in the order (a rubric file's): after the known ones, by name
+            key=lambda r: (
+                metric_order.get(str(r.get("metric")), len(metric_order)),
+                str(r.get("metric")),
+                bool(r.get("shadow")),
+            )
+        )
         export.lines.append(line_of(results))
     return export
 

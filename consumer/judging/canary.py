@@ -28,7 +28,7 @@ from tracejudge._shared.rate_limited_log import RateLimitedLog
 from tracejudge.metrics import HolisticJudgeMetric, MetricResult
 from tracejudge.metrics.calibration import accuracy, cohen_kappa, confusion_matrix
 
-from .gold import KAPPA_WEIGHTING, LABELS, DatasetError, GoldItem, load_dataset
+from .gold import KAPPA_WEIGHTING, LABELS, DatasetError, GoldItem, labels_with, load_dataset
 from .judgement import PURPOSE_CANARY
 from .pool import JudgePool
 
@@ -58,9 +58,10 @@ def default_items(items: Sequence[GoldItem]) -> list[GoldItem]:
     return [item for label in LABELS[BALANCED_BY] for item in by_label[label]]
 
 
-def load_canary_items(path: str | None) -> list[GoldItem]:
-    """The canary set: a user file in the calibrate format, or the default subset; DatasetError: one line."""
-    dataset = load_dataset(path)
+def load_canary_items(path: str | None, judge_files: Sequence[str] = ()) -> list[GoldItem]:
+    """The canary set: a user file in the calibrate format, or the default subset; DatasetError: one line.
+    `judge_files`: rubric files whose judges' labels a user file may carry."""
+    dataset = load_dataset(path, labels_with(tuple(judge_files)))
     return default_items(dataset.items) if path is None else dataset.items
 
 
@@ -183,7 +184,7 @@ class Canary:
         return run
 
     def _figures(self, judge: HolisticJudgeMetric, pairs: list[tuple[GoldItem, MetricResult]]) -> dict[str, Any]:
-        labels = LABELS[judge.name]
+        labels = LABELS.get(judge.name) or tuple(judge.weights)  # a built-in's in its rubric order (Flow's kappa)
         verdicts: dict[str, str] = {}
         for item, result in pairs:
             if result.error is not None or result.verdict not in labels:
@@ -209,7 +210,7 @@ class Canary:
             "n": len(verdicts),
             "failed": failed,
             "accuracy": accuracy(matrix),
-            "kappa": cohen_kappa(matrix, KAPPA_WEIGHTING[judge.name]),
+            "kappa": cohen_kappa(matrix, KAPPA_WEIGHTING.get(judge.name, "unweighted")),
             "flips": len(flipped),
             "flipped": flipped,
         }

@@ -78,7 +78,9 @@ class ScriptedJudge(CustomLLMClient):
 
     async def chat_complete(self, messages: list[dict[str, str]], temperature: float) -> tuple[str, float | None]:
         self.calls += 1
-        metric = "failure_rate" if messages[0]["content"] == FAILURE_RATE_SYSTEM_PROMPT else "conversational_flow"
+        # Failure Rate's prompt, then its failure-mode taxonomy (appended since failure modes came in).
+        system = messages[0]["content"]
+        metric = "failure_rate" if system.startswith(FAILURE_RATE_SYSTEM_PROMPT) else "conversational_flow"
         label = scripted_verdict(metric, messages[1]["content"])
         if label is None:
             return "I would rather not say.", 0.001
@@ -517,3 +519,92 @@ def test_demo_refuses_a_bad_calibration_from_the_environment(
     assert main(["demo", "--bootstrap-servers", "127.0.0.1:1"]) == 2
     err = capsys.readouterr().err.strip()
     assert "no information" in err and len(err.splitlines()) == 1
+
+
+# A rubric file's judge: 20 conversations, gold (rows) × scripted judge (columns) in the file's label order
+# compliant, minor_deviation, violation: [[7, 1, 0], [1, 4, 1], [0, 1, 5]].
+RUBRIC_SCRIPT: list[tuple[str, str]] = (
+    [("compliant", "compliant")] * 7
+    + [("compliant", "minor_deviation")]
+    + [("minor_deviation", "compliant")]
+    + [("minor_deviation", "minor_deviation")] * 4
+    + [("minor_deviation", "violation")]
+    + [("violation", "minor_deviation")]
+    + [("violation", "violation")] * 5
+)
+RUBRIC_MATRIX = [[7, 1, 0], [1, 4, 1], [0, 1, 5]]
+# Diagonal 16/20; row and column totals 8, 6, 6: p_e = (64 + 36 + 36) / 400 = 0.34; unweighted kappa 0.46 / 0.66.
+RUBRIC_KAPPA = 0.46 / 0.66
+_RUBRIC_TOKEN = re.compile(r"\[r(\d+)\]")
+
+
+def write_refund_rubric(path: Path) -> Path:
+    path.write_text(
+        "name: refund_policy\nversion: 1\ninstructions: Did the agent keep to the refund policy?\nlabels:\n"
+        "  - {name: compliant, weight: 1.0}\n  - {name: minor_deviation, weight: 0.5}\n"
+        "  - {name: violation, weight: 0.0}\n",
+        encoding="utf-8",
+    )
+    return path
+
+
+def test_calibrate_a_rubric_file_judge_over_http(
+    tmp_path: Path, judge_server: JudgeServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`calibrate --judge-file F --dataset FILE`: a gold set labelled for the file's judge, judged over HTTP by the
+    scripted server, reports that judge's agreement (unweighted kappa, per label); the built-ins have no labels
+    here and are not called."""
+    rubric = write_refund_rubric(tmp_path / "refund_policy.yaml")
+    dataset = tmp_path / "gold.jsonl"
+    dataset.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "id": f"r{n}",
+                    "turns": [{"user": f"[r{n}] Can I get a refund?", "assistant": "Once the return is scanned."}],
+                    "labels": {"refund_policy": gold},
+                }
+            )
+            + "\n"
+            for n, (gold, _) in enumerate(RUBRIC_SCRIPT)
+        ),
+        encoding="utf-8",
+    )
+
+    def respond(request: dict[str, Any]) -> Reply:
+        assert metric_of(request) == "refund_policy"
+        token = _RUBRIC_TOKEN.search(conversation_text(request))
+        assert token is not None
+        return verdict(RUBRIC_SCRIPT[int(token.group(1))][1])
+
+    judge_server.responder = respond
+    out = tmp_path / "report.json"
+    argv = ["calibrate", "--judge-file", str(rubric), "--dataset", str(dataset), "--judge-model", "scripted-judge"]
+    assert main([*argv, "--judge-retries", "0", "--output", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert list(report["metrics"]) == ["failure_rate", "conversational_flow", "refund_policy"]
+    assert report["metrics"]["failure_rate"]["labelled"] == report["metrics"]["conversational_flow"]["labelled"] == 0
+    figures = report["metrics"]["refund_policy"]
+    assert figures["labels"] == ["compliant", "minor_deviation", "violation"]
+    assert figures["confusion_matrix"] == RUBRIC_MATRIX
+    assert (figures["n"], figures["judge_failures"]) == (20, 0)
+    assert figures["accuracy"] == pytest.approx(16 / 20)
+    assert figures["kappa"] == pytest.approx(RUBRIC_KAPPA)
+    assert figures["kappa_weighting"] == "unweighted"
+    assert figures["per_label"]["violation"] == {
+        "gold": 6,
+        "judge": 6,
+        "agreed": 5,
+        "recall": pytest.approx(5 / 6),
+        "precision": pytest.approx(5 / 6),
+    }
+    assert figures["per_label"]["compliant"]["recall"] == pytest.approx(7 / 8)
+    assert str(figures["rubric_version"]).startswith("refund_policy")
+    assert len(judge_server.requests) == 20
+    assert "refund_policy" in capsys.readouterr().out
+    # The gate reads the file judge's figures; without --judge-file its labels are unknown: one line, exit 2.
+    assert main([*argv, "--judge-retries", "0", "--min-kappa", "0.7"]) == 1
+    capsys.readouterr()
+    assert main(["calibrate", "--dataset", str(dataset), "--judge-model", "scripted-judge"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "unknown metric 'refund_policy'" in err, err

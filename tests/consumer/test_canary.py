@@ -323,3 +323,64 @@ def test_a_user_canary_set_and_a_replica_that_stops_owning_the_canary(
         canary.stop()
         pool.stop(5)
     assert len(judge_server.requests) == 2 * runs
+
+
+def test_a_rubric_file_judge_runs_in_the_canary_on_items_labelled_for_it(
+    judge_server: JudgeServer, tmp_path: Path
+) -> None:
+    """A canary set labelled for a rubric file's judge: loaded with its file, judged with the file's own labels
+    (kappa unweighted); the set without the file is one line naming the unknown judge."""
+    from prometheus_client import CollectorRegistry
+
+    from tracejudge.consumer.emit.prometheus import ConsumerInstruments
+    from tracejudge.consumer.judging.canary import Canary, DatasetError
+    from tracejudge.consumer.judging.pool import JudgePool
+    from tracejudge.metrics import RubricMetric
+
+    rubric = tmp_path / "refund_policy.yaml"
+    rubric.write_text(
+        "name: refund_policy\nversion: 1\ninstructions: Refunds by the policy?\nlabels:\n"
+        "  - {name: compliant, weight: 1.0}\n  - {name: minor_deviation, weight: 0.5}\n"
+        "  - {name: violation, weight: 0.0}\n",
+        encoding="utf-8",
+    )
+    # gold → the judge's answer: 3 of 4 right.
+    script = {"r0": ("compliant", "compliant"), "r1": ("violation", "violation"), "r2": ("violation", "compliant")}
+    script["r3"] = ("minor_deviation", "minor_deviation")
+    dataset = tmp_path / "canary.jsonl"
+    dataset.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "id": key,
+                    "turns": [{"user": f"[{key}] refund?", "assistant": "ok"}],
+                    "labels": {"refund_policy": gold},
+                }
+            )
+            + "\n"
+            for key, (gold, _) in script.items()
+        ),
+        encoding="utf-8",
+    )
+    with pytest.raises(DatasetError, match="unknown metric 'refund_policy'"):
+        load_canary_items(str(dataset))
+    items = load_canary_items(str(dataset), [str(rubric)])
+
+    def respond(request: dict[str, Any]) -> Reply:
+        key = next(k for k in script if f"[{k}]" in conversation_text(request))
+        return Reply(content=json.dumps({"verdict": script[key][1], "evidence": [], "reason": "scripted"}))
+
+    judge_server.responder = respond
+    judge = RubricMetric.from_file(rubric, "gpt-4o-mini", redactor=None)
+    registry = CollectorRegistry()
+    pool = JudgePool([judge], lambda _j: None, max_concurrency=2).start()
+    try:
+        run = Canary(3600, items, [judge], pool, ConsumerInstruments(registry), lambda: True).run()
+    finally:
+        pool.stop(5)
+    figures = run.figures[("refund_policy", judge.model_name, judge.rubric_version)]
+    assert (figures["n"], figures["failed"]) == (4, 0)
+    assert figures["accuracy"] == pytest.approx(3 / 4)
+    # rows 1, 1, 2 × columns 2, 1, 1 over 16: p_e = 5/16; kappa = (0.75 − 0.3125) / 0.6875.
+    assert figures["kappa"] == pytest.approx(0.4375 / 0.6875)
+    assert len(judge_server.requests) == 4

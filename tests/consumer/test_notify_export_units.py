@@ -175,3 +175,58 @@ def test_a_replay_whose_judge_call_failed_does_not_erase_the_verdict() -> None:
 def test_a_notifier_refuses_a_horizon_that_is_not_a_finite_positive_number(horizon: float) -> None:
     with pytest.raises(ValueError, match="retry_for_s must be a finite number of seconds"):
         Notifier(["http://127.0.0.1:9/hook"], retry_for_s=horizon)
+
+
+REFUND_RUBRIC = (
+    "name: refund_policy\nversion: 1\ninstructions: Did the agent keep to the refund policy?\nlabels:\n"
+    "  - {name: compliant, weight: 1.0}\n  - {name: minor_deviation, weight: 0.5}\n  - {name: violation, weight: 0.0}\n"
+)
+
+
+def test_export_selects_a_rubric_file_judges_verdicts_and_its_regression_file_needs_the_file(tmp_path: Any) -> None:
+    """`export --metric refund_policy --verdict violation`: exactly that judge's violations; a judge no order knows
+    comes after the built-ins, by name; the regression file re-judges it from its --judge-file, and without one
+    export refuses in one line naming the flag."""
+    from pathlib import Path
+
+    from tracejudge.consumer.cli.export import ExportError, regression_suite, selection_from
+    from tracejudge.consumer.cli.parser import build_parser
+    from tracejudge.consumer.judging.gold import labels_with
+
+    rubric = Path(tmp_path) / "refund_policy.yaml"
+    rubric.write_text(REFUND_RUBRIC, encoding="utf-8")
+    records = [
+        record("a", "r1", "hallucination"),
+        record("a", "r2", "violation", metric="refund_policy", rubric_version="refund_policy@1-abc"),
+        record("a", "r3", "violation", metric="zz_policy"),
+        record("b", "r4", "compliant", metric="refund_policy"),
+        record("c", "r5", "violation", metric="refund_policy"),
+        record("d", "r6", "violation", metric="refund_policy", shadow=True),
+    ]
+
+    def namespace(*args: str) -> Any:
+        return build_parser().parse_args(["export", "--output", str(Path(tmp_path) / "out.jsonl"), *args])
+
+    chosen = selection_from(
+        namespace("--metric", "refund_policy", "--verdict", "violation"), labels_with([str(rubric)])
+    )
+    export = select(records, chosen)
+    assert [(line["conversation_id"], [r["result_id"] for r in line["results"]]) for line in export.lines] == [
+        ("a", ["r2"]),
+        ("c", ["r5"]),
+    ]
+    assert all(line["metric"] == "refund_policy" and line["verdict"] == "violation" for line in export.lines)
+    # Without its file the judge's name still selects it: any label-like verdict may be asked for.
+    assert selection_from(namespace("--metric", "refund_policy", "--verdict", "violation")).metrics == ["refund_policy"]
+    with pytest.raises(ExportError, match=r"^--verdict: unknown violation; known: "):
+        selection_from(namespace("--metric", "failure_rate", "--verdict", "violation"), labels_with([str(rubric)]))
+    # Every judge of conversation a: the built-ins first, then the others sorted by name.
+    (line,) = [x for x in select(records, Selection(verdicts={"hallucination", "violation"})).lines if x["name"] == "a"]
+    assert [r["metric"] for r in line["results"]] == ["failure_rate", "refund_policy", "zz_policy"]
+
+    test_file = Path(tmp_path) / "test_refunds.py"
+    with pytest.raises(ExportError, match=r"refund_policy.*--judge-file PATH; nothing written"):
+        regression_suite(Path(tmp_path) / "out.jsonl", test_file, export, "violation")
+    source = regression_suite(Path(tmp_path) / "out.jsonl", test_file, export, "violation", [str(rubric)])
+    compile(source, str(test_file), "exec")
+    assert "'refund_policy'" in source and "Did the agent keep to the refund policy?" in source

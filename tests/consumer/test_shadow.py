@@ -168,3 +168,40 @@ def test_shadow_has_its_own_budget_share(judge_server: JudgeServer) -> None:
     assert shadow[0].error is None and shadow[0].cost_usd
     assert [r.error_kind for r in shadow[1:]] == ["budget"] * 3
     assert 0 < pool.shadow_budget.spent() <= 1e-4 + shadow[0].cost_usd
+
+
+def test_compare_pairs_a_rubric_file_judges_verdicts_with_its_labels_and_unweighted_kappa(tmp_path: Path) -> None:
+    """`compare --judge-file F`: a file judge's verdicts pair up with its own labels (file order), kappa unweighted;
+    without its file they are not paired (their labels unknown)."""
+    from tracejudge.consumer.cli.compare import compare_metric
+    from tracejudge.consumer.judging.gold import labels_with
+
+    rubric = tmp_path / "refund_policy.yaml"
+    rubric.write_text(
+        "name: refund_policy\nversion: 1\ninstructions: Refunds by the policy?\nlabels:\n"
+        "  - {name: compliant, weight: 1.0}\n  - {name: minor_deviation, weight: 0.5}\n"
+        "  - {name: violation, weight: 0.0}\n",
+        encoding="utf-8",
+    )
+    # (primary, shadow) per conversation: 3 agree compliant, 1 agree violation, 1 compliant → violation.
+    script = [("compliant", "compliant")] * 3 + [("violation", "violation"), ("compliant", "violation")]
+    records = [
+        {
+            "result_id": f"{n}-{shadow}", "conversation_id": f"c{n}", "content_id": f"c{n}-1", "agent": "refunds",
+            "metric": "refund_policy", "verdict": pair[shadow], "model": "m", "rubric_version": "refund_policy@1",
+            "shadow": bool(shadow), "error": None, "trace_id": f"t{n}", "judged_at": "2026-12-01T00:00:00+00:00",
+        }
+        for n, pair in enumerate(script)
+        for shadow in (0, 1)
+    ]  # fmt: skip
+    assert pair_up(records) == {}
+    labels = labels_with([str(rubric)])
+    pairs = pair_up(records, labels=labels, metrics=["refund_policy"])
+    assert len(pairs["refund_policy"]) == 5
+    report = compare_metric("refund_policy", pairs["refund_policy"], labels["refund_policy"])
+    assert report["labels"] == ["compliant", "minor_deviation", "violation"]
+    assert report["confusion_matrix"] == [[3, 0, 1], [0, 0, 0], [0, 0, 1]]
+    assert report["agreement"] == pytest.approx(4 / 5) and report["kappa_weighting"] == "unweighted"
+    # p_o 0.8; rows 4, 0, 1 × columns 3, 0, 2 / 25: p_e = 14/25 = 0.56; kappa = 0.24 / 0.44.
+    assert report["kappa"] == pytest.approx(0.24 / 0.44)
+    assert [f["conversation_id"] for f in report["flipped"]] == ["c4"]

@@ -214,3 +214,37 @@ def test_the_view_holds_the_latest_verdicts_only_and_says_so(monkeypatch: pytest
         view.add(_json.dumps({**record, "outcome": "judged", "verdict": "hallucination", "reason": "x"}).encode())
     assert list(view.rows) == ["r2", "r3", "r4"] and view.forgotten == 2
     assert "counting the latest 3 verdicts (2 older ones not held)" in view.render()
+
+
+def test_a_rubric_file_judge_is_watched_by_name_with_its_own_verdicts(broker: EmbeddedBroker) -> None:
+    """`--metric` takes any judge name (a rubric file's: no fixed choices) and `--verdict` its labels; a verdict
+    no built-in gives is still refused when only built-ins are named."""
+    topic = f"results-{uuid.uuid4().hex[:8]}"
+    broker.create_topic(topic, 1)
+    writer = KafkaWriter(broker.bootstrap_servers, topic, durable=True).start()
+    try:
+        sink = ResultsTopic(writer, [*METRICS, "refund_policy"])
+        events = []
+        for conversation, label in (("chat-r1", "violation"), ("chat-r2", "compliant"), ("chat-r3", "violation")):
+            result = verdict("refund_policy", label, 0.0 if label == "violation" else 1.0)
+            result.reason = f"{conversation}: why {label}"
+            events += sink.emit(Judgement(job(conversation, "refunds"), "judged", [result]))
+        assert all(event.wait(30) for event in events)
+    finally:
+        writer.close(5)
+    base = ("--once", "--bootstrap-servers", broker.bootstrap_servers, "--results-topic", topic)
+    done = watch(*base, "--metric", "refund_policy", "--verdict", "violation")
+    assert done.returncode == 0, done.stderr
+    rows = sorted(
+        line.split("  ")[2:6] for line in done.stdout.splitlines() if line.startswith("  ") and "chat-" in line
+    )
+    assert rows == [
+        ["chat-r1", "refunds", "refund_policy", "violation"],
+        ["chat-r3", "refunds", "refund_policy", "violation"],
+    ], done.stdout
+    wrong = watch(*base, "--metric", "failure_rate", "--verdict", "violation")
+    assert wrong.returncode == 2 and wrong.stdout == ""
+    (line,) = wrong.stderr.splitlines()
+    assert line.startswith("tracejudge watch: --verdict: unknown violation; known: ")
+    bad = watch(*base, "--metric", "Refund-Policy")
+    assert bad.returncode == 2 and "is not a judge name" in bad.stderr and "Traceback" not in bad.stderr
