@@ -60,11 +60,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--agent", default=None, help="only this agent's conversations (default all)")
     parser.add_argument(
-        "--from", dest="start", default=None, metavar="TIME", help="judged at or after (ISO 8601 or Unix seconds)"
+        "--from", dest="start", default=None, metavar="TIME", help="judged at or after (ISO 8601 or Unix seconds; default the topic's start)"
     )
-    parser.add_argument("--to", dest="end", default=None, metavar="TIME", help="judged before: as --from")
+    parser.add_argument("--to", dest="end", default=None, metavar="TIME", help="judged before: as --from (default now)")
     parser.add_argument(
-        "--limit", type=int, default=None, metavar="N", help="at most N conversations, the latest judged"
+        "--limit", type=int, default=None, metavar="N", help="at most N conversations, the latest judged (default all)"
     )
     parser.add_argument(
         "--include-shadow",
@@ -72,7 +72,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="also the shadow judge's verdicts (default: production verdicts only)",
     )
     parser.add_argument(
-        "--output", required=True, metavar="PATH.jsonl", help="the dataset: one JSON line a conversation"
+        "--output", required=True, metavar="PATH.jsonl", help="the dataset: one JSON line a conversation (required)"
     )
     parser.add_argument(
         "--pytest",

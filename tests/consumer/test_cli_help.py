@@ -63,7 +63,7 @@ def test_consume_help_names_env_var_and_default_of_every_flag() -> None:
         assert len(description.strip()) > 5, entries[flag]  # a description, not only the variable
 
 
-@pytest.mark.parametrize("command", ["demo", "backfill", "calibrate", "compare"])
+@pytest.mark.parametrize("command", ["demo", "backfill", "calibrate", "compare", "export", "modes"])
 def test_every_flag_of_every_command_has_help_with_its_default(command: str) -> None:
     entries = help_entries(command)
     assert entries
