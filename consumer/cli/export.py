@@ -60,7 +60,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--agent", default=None, help="only this agent's conversations (default all)")
     parser.add_argument(
-        "--from", dest="start", default=None, metavar="TIME", help="judged at or after (ISO 8601 or Unix seconds; default the topic's start)"
+        "--from",
+        dest="start",
+        default=None,
+        metavar="TIME",
+        help="judged at or after (ISO 8601 or Unix seconds; default the topic's start)",
     )
     parser.add_argument("--to", dest="end", default=None, metavar="TIME", help="judged before: as --from (default now)")
     parser.add_argument(
