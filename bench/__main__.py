@@ -130,6 +130,22 @@ def table(results: dict[str, Any]) -> str:
                         f"{row['cacheable_share']:.0%} static prefix ({row['static_prefix_tokens_per_call']:.0f}/call)",
                     )
                 )
+    scale = results.get("scale_out")
+    if scale:
+        from bench.scale_out import table_rows as scale_rows
+
+        rows.extend(scale_rows(scale))
+    peer = results.get("peer_quix")
+    if peer and "best" in peer:
+        for name, figure in peer["best"].items():
+            rows.append(
+                (
+                    f"stream-processing peer, conversation-keyed, {peer['records']} records",
+                    name,
+                    f"{figure['records_per_s']:.0f} records/s, {figure['cpu_s_per_1000_records']:.3f} CPU s/1k records",
+                    f"ours {peer['ours_vs_quix_cpu']:.2f}x Quix's CPU efficiency",
+                )
+            )
     cost = results.get("judge_cost")
     if cost:
         from bench.judge_cost import table_rows
@@ -142,7 +158,7 @@ def table(results: dict[str, Any]) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m bench")
-    benches = ["tracer", "judge", "ingest", "client", "restore", "memory", "tokens", "cost"]
+    benches = ["tracer", "judge", "ingest", "client", "restore", "memory", "tokens", "cost", "scale", "quix"]
     parser.add_argument(
         "--only",
         type=lambda value: [name.strip() for name in value.split(",")],
@@ -150,6 +166,13 @@ def main() -> int:
         help=f"comma-separated, of {', '.join(benches)}: run these only; others keep their results",
     )
     parser.add_argument("--quick", action="store_true", help="smaller sizes, three rounds: a smoke run")
+    parser.add_argument(
+        "--max-replicas",
+        "--replicas",
+        type=int,
+        default=None,
+        help="scale: replicas from 1 up to this many (default: the machine's cores)",
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.CRITICAL)
     for noisy in ("langfuse", "opentelemetry", "kafka", "LiteLLM"):
@@ -198,6 +221,20 @@ def main() -> int:
         from bench import judge_cost
 
         results["judge_cost"] = judge_cost.run()
+    if "scale" in only:
+        from bench import scale_out
+
+        scale = scale_out.run(conversations=1_000 if args.quick else 4_000, max_replicas=args.max_replicas)
+        results["scale_out"] = {"machine": machine(), "date": results["date"], **scale}
+    if "quix" in only:
+        from bench import peer_quix
+
+        peer = peer_quix.run(conversations=1_000 if args.quick else 4_000, rounds=1 if args.quick else 2)
+        if "skipped" in peer:  # the figures of an earlier run stay
+            print(f"quix: {peer['skipped']}")
+            results.setdefault("peer_quix", peer)
+        else:
+            results["peer_quix"] = {"machine": machine(), "date": results["date"], **peer}
     RESULTS.write_text(json.dumps(results, indent=2) + "\n")
     about = results["machine"]
     print(f"machine: {about['cpu']} ({about['cores']} cores), Python {about['python']}")

@@ -97,7 +97,7 @@ def run_consume(namespace: argparse.Namespace) -> int:
     configure_logging(settings.log_level, settings.log_format)
     collect_less()
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-    from prometheus_client import CollectorRegistry
+    from prometheus_client import CollectorRegistry, ProcessCollector
 
     from .._errors import StartupError
     from ..app import MetricsPortUnavailable, build_app, serve_metrics_endpoint, tier_problem
@@ -112,6 +112,9 @@ def run_consume(namespace: argparse.Namespace) -> int:
     # the configuration is known good; a judge that cannot answer never joins the group. The port comes before the
     # model strings: their check imports LiteLLM (seconds), so a port in use is said at once.
     registry = CollectorRegistry()
+    # process_cpu_seconds_total, process_resident_memory_bytes, ...: each replica's own cost, summed across replicas
+    # and roles by whoever sizes a deployment (docs/deployment.md#sizing, bench/scale_out.py)
+    ProcessCollector(registry=registry)
     try:
         metrics_server = serve_metrics_endpoint(settings, registry)
     except MetricsPortUnavailable as exc:

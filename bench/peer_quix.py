@@ -1,0 +1,127 @@
+"""A stream-processing peer on the same job: Quix Streams (librdkafka, RocksDB state, changelog topics) running the
+same per-record function (`read_events`) into keyed state with a changelog, one outcome per completed conversation
+to an output topic, beside one `tracejudge consume --role all` replica (bench/scale_out.py) on the same records, the
+same broker and the same machine. Conversation-keyed records: the state key is the record key, as in our exporter.
+
+Both are clocked from their first record to the last conversation's outcome and charged CPU over that window: Quix
+runs in this process (`time.process_time`, nothing else runs here meanwhile), ours is its own process."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from bench.consumer_ingest import MAX_RECORD_BYTES, produce
+from bench.scale_out import PARTITIONS, _proc_cpu_s, replicas_run
+from tracejudge.consumer.conversation.reading import read_events
+from tracejudge.consumer.embedded_broker import EmbeddedBroker
+
+QUIX = "Quix Streams (read_events → keyed state + changelog → outcome topic)"
+OURS = "tracejudge consume --role all (1 replica, sample rate 0)"
+
+
+def _create_topic(bootstrap: str, topic: str) -> None:
+    """With its retention set: Quix Streams reads `retention.ms` from the input topic's config to size its changelog
+    and repartition topics, and Tansu returns only the configs a topic was created with."""
+    from kafka import KafkaAdminClient
+    from kafka.admin import NewTopic
+
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        configs = {"retention.ms": "-1", "retention.bytes": "-1"}
+        admin.create_topics([NewTopic(topic, PARTITIONS, 1, topic_configs=configs)])
+    finally:
+        admin.close()
+
+
+def quix_run(bootstrap: str, broker_pid: int, topic: str, conversations: int, records: int) -> dict[str, Any]:
+    from quixstreams import Application
+
+    clock: dict[str, float] = {}
+    completed = 0
+    with tempfile.TemporaryDirectory(prefix="quix-state-") as state_dir:
+        app = Application(
+            broker_address=bootstrap,
+            consumer_group=f"quix-{uuid.uuid4().hex[:6]}",
+            auto_offset_reset="earliest",
+            state_dir=Path(state_dir),
+            use_changelog_topics=True,
+        )
+        source = app.topic(topic, key_deserializer="bytes", value_deserializer="bytes")
+        outcomes = app.topic(f"{topic}-quix-outcomes", value_serializer="json")
+
+        def assemble(value: bytes, state: Any) -> dict[str, Any] | None:
+            nonlocal completed
+            if not clock:
+                clock.update(wall=time.perf_counter(), cpu=time.process_time(), broker=_proc_cpu_s(broker_pid))
+            events, _ = read_events(value, max_bytes=MAX_RECORD_BYTES)
+            outcome = None
+            for event in events:
+                turns = state.get("turns", []) + ([event.turn.index] if event.turn is not None else [])
+                if event.ended:
+                    state.delete("turns")
+                    outcome = {"conversation": event.conversation_id, "turns": len(turns), "outcome": "sampled_out"}
+                    completed += 1
+                    if completed >= conversations:
+                        clock.update(
+                            wall_end=time.perf_counter(),
+                            cpu_end=time.process_time(),
+                            broker_end=_proc_cpu_s(broker_pid),
+                        )
+                        app.stop()
+                else:
+                    state.set("turns", turns)
+            return outcome
+
+        sdf = app.dataframe(source)
+        sdf = sdf.apply(assemble, stateful=True).filter(lambda v: v is not None)
+        sdf.to_topic(outcomes)
+        app.run()
+    seconds = clock["wall_end"] - clock["wall"]
+    return {
+        "seconds": seconds,
+        "records_per_s": records / seconds,
+        "cpu_s_per_1000_records": 1000 * (clock["cpu_end"] - clock["cpu"]) / records,
+        "broker_cpu_s_per_1000_records": 1000 * (clock["broker_end"] - clock["broker"]) / records,
+    }
+
+
+def run(conversations: int = 4_000, rounds: int = 2) -> dict[str, Any]:
+    try:
+        import quixstreams  # noqa: F401
+    except ImportError:  # not in the bench extra: it pins pydantic < 2.14 and pydantic-settings < 2.16
+        return {"skipped": "quixstreams is not installed (pip install quixstreams, best in a venv of its own)"}
+    out: dict[str, Any] = {"conversations": conversations, "partitions": PARTITIONS, "keyed_by": "conversation"}
+    with EmbeddedBroker() as broker:
+        assert broker._process is not None
+        pid, bootstrap = broker._process.pid, broker.bootstrap_servers
+        topic = f"peer-conversation-{uuid.uuid4().hex[:6]}"
+        _create_topic(bootstrap, topic)
+        records = produce(bootstrap, topic, conversations, "conversation")
+        figures: dict[str, list[dict[str, Any]]] = {QUIX: [], OURS: []}
+        for _ in range(rounds):  # alternating, so a shared host's busy minute falls on both
+            figures[QUIX].append(quix_run(bootstrap, pid, topic, conversations, records))
+            figures[OURS].append(replicas_run(bootstrap, pid, topic, conversations, records, 1))
+    out["records"] = records
+    best = {name: min(runs, key=lambda r: r["cpu_s_per_1000_records"]) for name, runs in figures.items()}
+    out["runs"] = figures
+    out["best"] = best
+    out["ours_vs_quix_cpu"] = best[QUIX]["cpu_s_per_1000_records"] / best[OURS]["cpu_s_per_1000_records"]
+    out["ours_vs_quix_rate"] = best[OURS]["records_per_s"] / best[QUIX]["records_per_s"]
+    return out
+
+
+if __name__ == "__main__":
+    import json
+
+    parser = argparse.ArgumentParser(prog="python -m bench.peer_quix")
+    parser.add_argument("--conversations", type=int, default=4_000)
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args()
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    print(json.dumps(run(args.conversations, args.rounds), indent=2))
