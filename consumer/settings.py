@@ -512,6 +512,8 @@ class Settings(BaseSettings):
     @field_validator("judge_files", mode="before")
     @classmethod
     def _judge_files(cls, value: Any) -> list[str]:
+        if isinstance(value, list | tuple) and any(not str(item).strip() for item in value):
+            raise ValueError("an empty path (an unset variable in a template?): name a rubric file")
         items = value if isinstance(value, list | tuple) else str(value or "").split(",")
         paths = list(dict.fromkeys(str(item).strip() for item in items if str(item).strip()))
         from tracejudge.metrics.judges import RubricError, file_judges

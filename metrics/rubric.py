@@ -47,6 +47,18 @@ NAME_PATTERN = r"[a-z][a-z0-9_]{0,39}"  # a Prometheus label value and gen_ai.ev
 _NAME = re.compile(rf"^{NAME_PATTERN}$")
 BUILTIN_DIRECTORY = Path(__file__).with_name("rubrics")
 MAX_FAILURE_MODES = 20  # label values of tracejudge_failure_modes_total: bounded per judge
+MAX_LABELS = 20  # verdicts per judge: label values of tracejudge_verdicts_total (and, failing, times the modes)
+MAX_INSTRUCTIONS = 20_000  # characters: sent with every call
+
+
+def _visible(text: str) -> bool:
+    """Whether the text has anything but whitespace and invisible characters (a zero-width space is not an
+    instruction)."""
+    import unicodedata
+
+    return any(not unicodedata.category(ch).startswith(("Z", "C")) for ch in text)
+
+
 DEFAULT_MODEL = "gpt-4o-mini"  # RubricMetric.from_file without a model: the consumer's default judge model
 
 
@@ -54,9 +66,18 @@ class RubricError(TracejudgeError):
     """A rubric file that cannot be a judge: `str()` is one line, `FILE: FIELD: what is wrong`."""
 
     def __init__(self, source: str, field: str, problem: str) -> None:
+        field, problem = _short(field, 80), _short(problem, MAX_PROBLEM)
         self.source, self.field, self.problem = source, field, problem
         where = f"{source}: {field}: " if field else f"{source}: "
         super().__init__(where + problem)
+
+
+MAX_PROBLEM = 300  # an error names what is wrong; it never echoes a whole (or alias-expanded) value
+
+
+def _short(text: str, limit: int) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _valid_name(value: str, what: str) -> str:
@@ -84,8 +105,8 @@ class RubricLabel(BaseModel):
     @field_validator("weight", mode="before")
     @classmethod
     def _weight_kind(cls, value: Any) -> Any:
-        if isinstance(value, bool):  # YAML `yes`/`true` would pass as 1.0
-            raise ValueError(f"weight {value!r} must be a number within 0..1")
+        if isinstance(value, bool | str):  # YAML `yes`/`true` would pass as 1.0, and "0.5" as 0.5
+            raise ValueError(f"weight {str(value)[:20]!r} must be a number within 0..1, unquoted")
         return value
 
     @field_validator("weight")
@@ -173,14 +194,15 @@ class Rubric(BaseModel):
     @classmethod
     def _version_kind(cls, value: Any) -> Any:
         if isinstance(value, bool) or not isinstance(value, int | str):  # else pydantic's error names "version.int"
-            raise ValueError(f"version {value!r} must be a whole number or a short tag (quote a dotted one: '1.2')")
+            kind = type(value).__name__  # never the value: an alias-expanded list could be megabytes
+            raise ValueError(f"version (a {kind}) must be a whole number or a short tag (quote a dotted one: '1.2')")
         return value
 
     @field_validator("version")
     @classmethod
     def _version(cls, value: int | str) -> int | str:
         if isinstance(value, str) and not re.fullmatch(r"[A-Za-z0-9._-]{1,40}", value):
-            raise ValueError(f"version {value!r} must be a number or a short tag ([A-Za-z0-9._-], at most 40)")
+            raise ValueError(f"version {value[:40]!r} must be a number or a short tag ([A-Za-z0-9._-], at most 40)")
         return value
 
     @field_validator("evidence_key")
@@ -192,8 +214,14 @@ class Rubric(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> Rubric:
-        if not (self.instructions.strip() or (self.prompt or "").strip()):
+        if not (_visible(self.instructions) or _visible(self.prompt or "")):
             raise ValueError("instructions: empty: say what the judge is to decide")
+        if len(self.instructions) > MAX_INSTRUCTIONS:
+            raise ValueError(
+                f"instructions: {len(self.instructions):,} characters; at most {MAX_INSTRUCTIONS:,} (sent every call)"
+            )
+        if len(self.labels) > MAX_LABELS:
+            raise ValueError(f"labels: {len(self.labels)} labels; at most {MAX_LABELS} (each is a Prometheus series)")
         if len(self.labels) < 2:
             raise ValueError(f"labels: {len(self.labels)} label(s); a judge needs at least two verdicts to choose from")
         seen: set[str] = set()
@@ -332,11 +360,15 @@ def load_rubric(path: str | Path) -> Rubric:
     except DuplicateKey as exc:
         raise RubricError(source, exc.key, f"given twice (line {exc.line}); keep one") from None
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" (line {mark.line + 1})" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise RubricError(source, "", f"is not YAML{where}: {problem}") from None
+        raise _not_yaml(source, exc) from None
     return parse_rubric(data, source)
+
+
+def _not_yaml(source: str, exc: Exception) -> RubricError:
+    mark = getattr(exc, "problem_mark", None)
+    where = f" (line {mark.line + 1})" if mark is not None else ""
+    problem = getattr(exc, "problem", None) or (str(exc).splitlines() or ["not YAML"])[0]
+    return RubricError(source, "", f"is not YAML{where}: {problem}")
 
 
 @cache
@@ -413,7 +445,7 @@ class RubricMetric(HolisticJudgeMetric):
         cls, path: str | Path, model: str | CustomLLMClient | Any = DEFAULT_MODEL, **options: Any
     ) -> RubricMetric:
         """A judge from a rubric file; `options` as for the built-ins (threshold, timeout, redactor, ...)."""
-        return metric_class(load_rubric(path), source=str(path))(model, **options)
+        return metric_class(team_rubric(load_rubric(path), str(path)), source=str(path))(model, **options)
 
     @classmethod
     def from_rubric(cls, rubric: Rubric, model: str | CustomLLMClient | Any = DEFAULT_MODEL, **options: Any) -> Any:
@@ -461,13 +493,27 @@ def metric_class(rubric: Rubric, *, source: str = "", builtin: bool = False) -> 
     return type(f"{title}RubricMetric", (RubricMetric,), attributes)
 
 
+def team_rubric(rubric: Rubric, source: str) -> Rubric:
+    """A team's file gives instructions; only a built-in file (shipped, reviewed) sends its own prompt verbatim, so a
+    team's judge always gets the conversation fence, the label list and the output format."""
+    for field in ("prompt", "extended_examples"):
+        if getattr(rubric, field):
+            raise RubricError(
+                source,
+                field,
+                "only the built-in judges' files set it; give `instructions` (the prompt is composed "
+                "around them, with the conversation fence and the labels)",
+            )
+    return rubric
+
+
 def load_rubrics(paths: Iterable[str | Path], *, taken: Iterable[str] = BUILTIN_NAMES) -> dict[str, type[RubricMetric]]:
     """The judge classes of the team's files, by name; RubricError for a bad file or a name already taken (a built-in
     or another file)."""
     classes: dict[str, type[RubricMetric]] = {}
     names = {name: "a built-in judge" for name in taken}
     for path in paths:
-        rubric = load_rubric(path)
+        rubric = team_rubric(load_rubric(path), str(path))
         if rubric.name in names:
             raise RubricError(str(path), "name", f"{rubric.name!r} is already the name of {names[rubric.name]}")
         names[rubric.name] = f"the judge in {path}"
@@ -506,9 +552,7 @@ def failure_mode_lists(path: str | Path, judges: Mapping[str, Any]) -> dict[str,
     except (OSError, UnicodeDecodeError) as exc:
         raise RubricError(source, "", f"cannot be read: {exc}") from None
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" (line {mark.line + 1})" if mark is not None else ""
-        raise RubricError(source, "", f"is not YAML{where}: {getattr(exc, 'problem', None) or exc}") from None
+        raise _not_yaml(source, exc) from None
     if not isinstance(data, Mapping):
         raise RubricError(source, "", "expected a mapping: each judge's name to its list of {name, description}")
     taxonomies: dict[str, tuple[FailureMode, ...]] = {}
@@ -517,11 +561,19 @@ def failure_mode_lists(path: str | Path, judges: Mapping[str, Any]) -> dict[str,
             raise RubricError(source, str(judge), f"unknown judge; known: {', '.join(judges)}")
         if not isinstance(modes, list):
             raise RubricError(source, str(judge), "expected a list of {name, description}")
-        try:
-            parsed = [FailureMode.model_validate(mode) for mode in modes]
-        except ValidationError as exc:
-            problem = _pydantic_problem(source, exc)
-            raise RubricError(source, f"{judge}.{problem.field}".rstrip("."), problem.problem) from None
+        parsed = []
+        for index, mode in enumerate(modes):
+            try:
+                parsed.append(FailureMode.model_validate(mode))
+            except ValidationError as exc:
+                problem = _pydantic_problem(source, exc)
+                raise RubricError(source, f"{judge}[{index}].{problem.field}".rstrip("."), problem.problem) from None
+        if not getattr(judges[judge], "failing_verdicts", ()):
+            raise RubricError(source, str(judge), "no verdict of this judge is failing: its modes would never be named")
+        if any(mode.name == OTHER_MODE and mode.alert_share is not None for mode in parsed):
+            raise RubricError(
+                source, str(judge), "`other` has its own alert (TracejudgeFailureModeOtherHigh): no alert_share"
+            )
         names = [mode.name for mode in parsed if mode.name != OTHER_MODE]
         if len(names) > MAX_FAILURE_MODES:
             raise RubricError(source, str(judge), f"{len(names)} modes; at most {MAX_FAILURE_MODES}")
@@ -533,10 +585,14 @@ def failure_mode_lists(path: str | Path, judges: Mapping[str, Any]) -> dict[str,
 
 
 def rubric_digest(rubric: Rubric) -> str:
-    """12 hex over what the file tells the judge about its verdict: every field but the labels' alert thresholds and
-    the failure-mode taxonomy (a new taxonomy names modes from then on; it does not re-judge), not the layout."""
-    content = rubric.model_dump(
-        mode="json", exclude={"labels": {"__all__": {"alert_share"}}, "failure_modes": True, "failing": True}
-    )  # (the modes' alert thresholds go with the taxonomy)
+    """12 hex over what the judge is asked for its verdict: the composed prompt really sent, the weights and the
+    evidence key (the schema). Not the layout, comments, `version: 3` against `'3'`, alert thresholds or the
+    failure-mode taxonomy (a new taxonomy names modes from then on; it does not re-judge)."""
+    content = {
+        "system_prompt": compose_system_prompt(rubric),
+        "extended_examples": rubric.extended_examples,
+        "weights": dict(sorted(rubric.weights.items())),
+        "evidence_key": rubric.evidence_key,
+    }
     material = json.dumps(content, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
     return hashlib.sha256(material.encode("utf-8", "surrogatepass")).hexdigest()[:12]

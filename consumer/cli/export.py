@@ -432,6 +432,24 @@ def _rubrics_of(export: Export, judge_files: Sequence[str]) -> dict[str, dict[st
     return {name: files[name].rubric.model_dump(mode="json") for name in wanted}
 
 
+def _absent(records: Sequence[dict[str, Any]], selection: Selection) -> list[str]:
+    """A line for each --metric and --mode no record on the topic has (a typo, or nothing judged yet)."""
+    problems = []
+    judges = sorted({str(r.get("metric")) for r in records if r.get("metric")})
+    for metric in selection.metrics or ():
+        if metric not in judges:
+            problems.append(
+                f"--metric {metric}: no result of that judge on the topic (judges there: {', '.join(judges) or 'none'})"
+            )
+    modes = sorted({str(r.get("failure_mode")) for r in records if r.get("failure_mode")})
+    for mode in sorted(selection.modes or ()):
+        if mode not in modes:
+            problems.append(
+                f"--mode {mode}: no verdict about that mode on the topic (modes there: {', '.join(modes) or 'none'})"
+            )
+    return problems
+
+
 def _usage(message: str) -> int:
     print(f"tracejudge export: {message}", file=sys.stderr)
     return EXIT_USAGE
@@ -499,6 +517,8 @@ def run_export(namespace: argparse.Namespace) -> int:
         print("tracejudge export: interrupted (Ctrl-C): nothing written", file=sys.stderr)
         return EXIT_INTERRUPTED
     export = select(records, selection)
+    for problem in _absent(records, selection):  # a misspelt judge or mode exports nothing: say what is there
+        print(f"tracejudge export: {problem}", file=sys.stderr)
     if test_file is not None:
         try:
             _rubrics_of(export, settings.judge_files)  # before anything is written

@@ -174,7 +174,12 @@ class JudgePool:
                 judgement = Judgement(job, outcome, results)
                 for judge, shadow_result in zip(self.shadow_judges, shadowed, strict=False):
                     if shadow_result is None:  # its budget share is spent: counted, never a verdict
-                        shadow_result = MetricResult(name=judge.name, threshold=judge.threshold, model=judge.model_name)
+                        shadow_result = MetricResult(
+                            name=judge.name,
+                            threshold=judge.threshold,
+                            model=judge.model_name,
+                            result_key=judge.result_key,
+                        )
                         shadow_result.error, shadow_result.error_kind = "skipped: shadow budget share spent", "budget"
                     judgement.shadow_results.append(shadow_result)
             except Exception:  # a job that never finishes would hold its partition's offset forever

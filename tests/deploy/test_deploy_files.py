@@ -79,7 +79,15 @@ def exported_metric_names() -> set[str]:
     instruments.record_batch_event("submitted")
     instruments.record_verdict_delay(Judgement(replace(job("f"), completed_ms=1), "judged", [result]))
     instruments.lag.labels(partition="0").set(1)
-    instruments.record_judges([FailureRateMetric("m"), REFUND_POLICY("m")])
+    # A mode opted into TracejudgeFailureModeShareHigh (its tracejudge_failure_mode_alert_share series), and a failing
+    # verdict that names a mode (tracejudge_failure_modes_total).
+    instruments.record_judges(
+        [FailureRateMetric("m", mode_alert_shares={"invented_policies": 0.4}), REFUND_POLICY("m")]
+    )
+    modal = MetricResult(
+        name="failure_rate", verdict="hallucination", score=0.0, threshold=0.7, model="m", failure_mode="other"
+    )
+    instruments.record_judgement(Judgement(job("g"), "judged", [modal]))
     instruments.record_feedback("a", negative=True)
     instruments.record_agreement(Agreement("a", "failure_rate", judge_passed=True, human_positive=False))
     instruments.canary.record_run("failure_rate", "m", "failure_rate@x", 0.9, 0.8, 0)
@@ -233,8 +241,13 @@ def test_dashboard_repeats_a_row_per_judge() -> None:
         "tracejudge_verdict_alert_share",
         "tracejudge_score_sum",
         "tracejudge_score_count",
+        "agent_metric_mode:tracejudge_failure_mode_share:ratio1h",
+        "tracejudge_failure_mode_alert_share",
     ):
         assert needle in text, needle
+    modes = next(p for p in row if "agent_metric_mode:tracejudge_failure_mode_share:ratio1h" in p["targets"][0]["expr"])
+    assert modes["fieldConfig"]["defaults"]["custom"]["stacking"]["mode"] == "normal"  # the modes add up to 100%
+    assert "{{mode}}" in modes["targets"][0]["legendFormat"]
     assert any(t.get("exemplar") and "tracejudge_verdicts_total" in t["expr"] for p in row for t in p["targets"])
 
 
@@ -264,6 +277,31 @@ def test_rubric_alert_shares_are_the_thresholds_the_rule_joins() -> None:
     alert = next(r for g in rules["groups"] for r in g["rules"] if r.get("alert") == "TracejudgeRubricVerdictShareHigh")
     assert "group_left max by (metric, verdict) (tracejudge_verdict_alert_share)" in " ".join(alert["expr"].split())
     assert "tracejudge_verdicts:increase10m >= 20" in alert["expr"]  # one or two verdicts never raise it
+
+
+def test_failure_mode_alerts_are_opt_in_and_need_enough_failing_verdicts() -> None:
+    """A mode's threshold is exported as tracejudge_failure_mode_alert_share{metric,mode} only where set; the opt-in
+    rule joins exactly those labels, and both failure-mode alerts need 20 failing verdicts in their window."""
+    registry = CollectorRegistry()
+    judge = FailureRateMetric(
+        "m", failure_modes=[("invented_url", "a made-up link")], mode_alert_shares={"invented_url": 0.4}
+    )
+    ConsumerInstruments(registry).record_judges([judge, REFUND_POLICY("m")])
+    shares = {
+        (s.labels["metric"], s.labels["mode"]): s.value
+        for family in registry.collect()
+        for s in family.samples
+        if s.name == "tracejudge_failure_mode_alert_share"
+    }
+    assert shares == {("failure_rate", "invented_url"): 0.4}
+    rules = yaml.safe_load((DEPLOY / "prometheus" / "alerts.yml").read_text())
+    alerts = {r["alert"]: " ".join(r["expr"].split()) for g in rules["groups"] for r in g["rules"] if "alert" in r}
+    share = alerts["TracejudgeFailureModeShareHigh"]
+    assert "group_left max by (metric, mode) (tracejudge_failure_mode_alert_share)" in share
+    other = alerts["TracejudgeFailureModeOtherHigh"]
+    assert 'ratio1h{mode="other"} > 0.3' in other
+    for expr in (share, other):  # one or two failing verdicts never raise them
+        assert "agent_metric:tracejudge_failure_mode_verdicts:increase1h >= 20" in expr
 
 
 PER_PROCESS_GAUGES = ("tracejudge_hallucination_rate", "tracejudge_flow_score", "tracejudge_judge_human_agreement")

@@ -29,6 +29,14 @@ REFUND_POLICY: dict[str, Any] = {
         {"name": "violation", "weight": 0.0, "alert_share": 0.5},
     ],
 }
+# A team's failure-mode taxonomy for the built-in judge, one mode opted into TracejudgeFailureModeShareHigh: the
+# dashboard's "what the failures are about" panel draws the modes and the threshold.
+FAILURE_MODES: dict[str, Any] = {
+    "failure_rate": [
+        {"name": "invented_figures", "description": "a number the sources do not give", "alert_share": 0.5},
+        {"name": "invented_policies", "description": "a rule or term the company does not have"},
+    ]
+}
 
 
 def judge_with_failures(request: dict) -> Reply:
@@ -38,7 +46,13 @@ def judge_with_failures(request: dict) -> Reply:
     if judge_server_module.metric_of(request) == "refund_policy":
         verdict = "violation" if "INVENTED" in text else "compliant"
         return Reply(content=json.dumps({"verdict": verdict, "evidence": ["turn 1"], "reason": "scripted"}))
-    return scripted_judge(request)
+    reply = scripted_judge(request)
+    answer = json.loads(reply.content or "{}")
+    if judge_server_module.metric_of(request) == "failure_rate" and answer["verdict"] == "hallucination":
+        # Three in four of spiky-bot's hallucinations invent a figure, the rest a policy.
+        answer["failure_mode"] = "invented_policies" if "POLICY" in text else "invented_figures"
+        return Reply(content=json.dumps(answer))
+    return reply
 
 
 # alert rules evaluated each second against windows and `for:` of seconds: alone
@@ -50,6 +64,8 @@ def test_prometheus_scrapes_alerts_and_dashboard_queries(
     provider = traced_app(broker.bootstrap_servers, topic)
     rubric = tmp_path / "refund_policy.json"  # JSON is YAML
     rubric.write_text(json.dumps(REFUND_POLICY))
+    modes = tmp_path / "failure_modes.json"
+    modes.write_text(json.dumps(FAILURE_MODES))
     # The canary and a shadow judge run too, so the dashboard's judge-watch panels have data to show.
     settings = consumer_settings(
         broker.bootstrap_servers,
@@ -59,11 +75,16 @@ def test_prometheus_scrapes_alerts_and_dashboard_queries(
         shadow_judge_model="gpt-4.1-mini",
         shadow_sample_rate=0.2,
         judge_files=[str(rubric)],
+        failure_modes=str(modes),
     )
     with RunningConsumer(settings) as consumer:
         with running_prometheus(tmp_path, consumer.app.metrics_url) as base:
             warm_up(provider, consumer, base, "spiky-bot", "honest-bot")
-            play(provider, {f"spike-{i}": [(f"spike {i}", "INVENTED figure")] for i in range(40)}, agent="spiky-bot")
+            spikes = {
+                f"spike-{i}": [(f"spike {i}", "INVENTED POLICY" if i % 4 == 0 else "INVENTED figure")]
+                for i in range(40)
+            }
+            play(provider, spikes, agent="spiky-bot")
             play(provider, {f"calm-{i}": [(f"calm {i}", "I am not sure.")] for i in range(40)}, agent="honest-bot")
             play(provider, {f"flaky-{i}": [(f"flaky {i}", "ok")] for i in range(3)}, agent="flaky-bot")
             for i in range(5):  # users disagree with the honest verdicts and agree with the hallucination ones
@@ -90,6 +111,11 @@ def test_prometheus_scrapes_alerts_and_dashboard_queries(
                 timeout=60,
                 what="TracejudgeRubricVerdictShareHigh pending or firing",
             )
+            wait_for(
+                lambda: bool(active("TracejudgeFailureModeShareHigh")),
+                timeout=60,
+                what="TracejudgeFailureModeShareHigh pending or firing",
+            )
             time.sleep(3)
             alerts = active("TracejudgeHallucinationSpike")
             assert {a["labels"]["agent"] for a in alerts} == {"spiky-bot"}
@@ -101,6 +127,23 @@ def test_prometheus_scrapes_alerts_and_dashboard_queries(
                 ("spiky-bot", "refund_policy", "violation")
             }
             assert "above the rubric's alert_share of 50%" in rubric_alerts[0]["annotations"]["description"]
+            # spiky-bot's 40 hallucinations: 30 invented_figures (75%, above its 0.5), 10 invented_policies (no
+            # threshold); no `other`, so TracejudgeFailureModeOtherHigh stays quiet.
+            mode_alerts = active("TracejudgeFailureModeShareHigh")
+            assert {(a["labels"]["agent"], a["labels"]["metric"], a["labels"]["mode"]) for a in mode_alerts} == {
+                ("spiky-bot", "failure_rate", "invented_figures")
+            }
+            assert not active("TracejudgeFailureModeOtherHigh")
+            shares = api(
+                base,
+                "/api/v1/query",
+                query='agent_metric_mode:tracejudge_failure_mode_share:ratio1h{agent="spiky-bot",metric="failure_rate"}',
+            )["result"]
+            by_mode = {r["metric"]["mode"]: float(r["value"][1]) for r in shares}
+            assert by_mode["invented_figures"] == pytest.approx(0.75) and by_mode["invented_policies"] == pytest.approx(
+                0.25
+            )
+            assert by_mode.get("other", 0.0) == 0.0
 
             def all_queries_have_data() -> list[str]:
                 empty = []

@@ -152,7 +152,9 @@ def test_corrective_retry_keeps_the_conversation_unmarked(anthropic: AnthropicSe
 def test_below_the_minimum_nothing_is_cached_or_billed_as_a_write(anthropic: AnthropicServer) -> None:
     """Why the extended examples exist: the base rubric alone, marked, is never cached by Claude Haiku 4.5."""
     anthropic.minimum_cacheable_tokens = 4096  # Claude Haiku 4.5's minimum cacheable prompt length
-    bare = type("BaseRubricOnly", (FailureRateMetric,), {"extended_examples": ""})("anthropic/claude-haiku-4-5", failure_modes=())
+    bare = type("BaseRubricOnly", (FailureRateMetric,), {"extended_examples": ""})(
+        "anthropic/claude-haiku-4-5", failure_modes=()
+    )
     assert bare.effective_system_prompt == FailureRateMetric.system_prompt
     results = [asyncio.run(bare.evaluate(CONVERSATION)) for _ in range(2)]
     assert _marked_paths(anthropic.requests[1]) == [".system[0].cache_control"]

@@ -119,7 +119,7 @@ BAD_FILES: list[tuple[str, Any, str, tuple[str, ...]]] = [
     ),
     ("weight a boolean", rubric(labels=labels_with(weight=True)), "labels[1].weight", ("True", "number")),
     ("weight infinite", rubric(labels=labels_with(weight=float("inf"))), "labels[1].weight", ("outside 0..1",)),
-    ("version a float", rubric(version=1.5), "version", ("1.5", "whole number or a short tag")),
+    ("version a float", rubric(version=1.5), "version", ("(a float)", "whole number or a short tag")),
     ("version a list", rubric(version=[1]), "version", ("whole number or a short tag",)),
     ("unknown key with a newline", rubric(**{"a\nb": 1}), "'a\\nb'", ("unknown field",)),
     (

@@ -202,7 +202,9 @@ def test_rubric_version_format_and_what_changes_it() -> None:
         version_of(weights=FAILURE_RATE_WEIGHTS | {"stall": 0.45}),
         version_of(weights=FAILURE_RATE_WEIGHTS | {"off_topic": 0.5}),
         version_of(evidence_key="quotes"),
-        version_of(response_format=classmethod(lambda cls, modes=None: {"type": "json_schema", "json_schema": {"name": "x"}})),
+        version_of(
+            response_format=classmethod(lambda cls, modes=None: {"type": "json_schema", "json_schema": {"name": "x"}})
+        ),
     }
     assert base not in changed and len(changed) == 6
     # A prompt set on one instance is what that judge sends, and its version says so.
