@@ -187,36 +187,51 @@ def test_every_loader_gives_the_table_the_old_one_gave(
         assert got["completed"] and sorted(got["completed"]) == sorted(expected["completed"])
 
 
-# reads the process's collector state, which earlier tests on the same worker change: alone
-@pytest.mark.serial
-def test_garbage_made_during_a_restore_is_left_to_the_young_collections(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+_LITTER = """
+import gc
+import sys
+import weakref
+
+from tests.consumer import test_restore_load as T
+
+class Cycle:
+    pass
+
+made = []
+decode = T.R.decode_state
+
+def decode_and_litter(kind, value):
+    if not made:  # another thread's garbage, made while the restore loads
+        cycle = Cycle()
+        cycle.me = cycle
+        made.append(weakref.ref(cycle))
+    return decode(kind, value)
+
+T.R.decode_state = decode_and_litter
+asm = T.assembler(state_dir=sys.argv[1])
+T.restore(asm, T.fresh(asm, 0))
+assert gc.isenabled() and made and made[0]() is not None, (gc.isenabled(), made)
+gc.collect(1)
+assert made[0]() is None
+print("freed by a young collection")
+"""
+
+
+def test_garbage_made_during_a_restore_is_left_to_the_young_collections(tmp_path: Path) -> None:
     """The collector is off while a restore loads (its passes over the growing heap cost more than the decode) and
     on again afterwards, with what any thread made meanwhile still young: a cycle that became garbage then is freed
-    by a young collection (gc.freeze() would have put it in the oldest generation, for the next full one)."""
-    import gc
-    import weakref
+    by a young collection (gc.freeze() would have put it in the oldest generation, for the next full one).
 
-    class Cycle:
-        pass
+    In a process of its own: the collector is process-wide, and a thread an earlier test left behind (a restore of
+    its own re-enabling it) made this fail once in a full run."""
+    import subprocess
+    import sys
 
-    made: list[weakref.ref[Cycle]] = []
-    decode = R.decode_state
-
-    def decode_and_litter(kind: str | None, value: bytes) -> Any:
-        if not made:  # another thread's garbage, made while the restore loads
-            cycle = Cycle()
-            cycle.me = cycle  # type: ignore[attr-defined]
-            made.append(weakref.ref(cycle))
-        return decode(kind, value)
-
-    monkeypatch.setattr(R, "decode_state", decode_and_litter)
-    asm = assembler(state_dir=str(tmp_path))
-    restore(asm, fresh(asm, 0))
-    assert gc.isenabled() and made and made[0]() is not None
-    gc.collect(1)
-    assert made[0]() is None
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, "-c", _LITTER, str(tmp_path)], cwd=root, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0 and "freed by a young collection" in done.stdout, done.stderr[-2000:]
 
 
 @pytest.mark.parametrize("odd", [None, "soon", True, [1]])
