@@ -244,6 +244,24 @@ def read_results(settings: Any) -> list[dict[str, Any]]:
     return records
 
 
+def results_or_exit(settings: Any, command: str) -> list[dict[str, Any]] | int:
+    """read_results for a command that reads the results topic: its records, or the exit code once the one line
+    saying why was printed (2 usage, 69 Kafka unreachable, 130 Ctrl-C)."""
+    from .._errors import StartupError
+
+    try:
+        return read_results(settings)
+    except CompareError as exc:
+        print(f"tracejudge {command}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except StartupError as exc:
+        print(f"tracejudge {command}: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print(f"tracejudge {command}: interrupted (Ctrl-C): nothing written", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
 def _close(consumer: Any) -> None:
     """Close without waiting on a broker that is gone (kafka-python's close may block on a frozen one)."""
     closing = threading.Thread(target=consumer.close, name="tracejudge-close", daemon=True)
@@ -293,7 +311,6 @@ def run_compare(namespace: argparse.Namespace) -> int:
     Ctrl-C."""
     from rich.console import Console
 
-    from .._errors import StartupError
     from .._logging import configure_logging
     from .backfill import parse_time
     from .options import settings_from_args
@@ -314,16 +331,9 @@ def run_compare(namespace: argparse.Namespace) -> int:
     if namespace.output is not None and not Path(namespace.output).resolve().parent.is_dir():
         return _usage(f"--output: directory {Path(namespace.output).resolve().parent} does not exist")
     configure_logging(settings.log_level, settings.log_format)
-    try:
-        records = read_results(settings)
-    except CompareError as exc:
-        return _usage(str(exc))
-    except StartupError as exc:
-        print(f"tracejudge compare: {exc}", file=sys.stderr)
-        return exc.exit_code
-    except KeyboardInterrupt:
-        print("tracejudge compare: interrupted (Ctrl-C): nothing written", file=sys.stderr)
-        return EXIT_INTERRUPTED
+    records = results_or_exit(settings, "compare")
+    if isinstance(records, int):
+        return records
     known = labels_with(settings.judge_files)  # the built-ins' and each --judge-file judge's labels
     pairs = pair_up(
         records,

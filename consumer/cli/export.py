@@ -28,7 +28,6 @@ from ..judging.gold import LABELS, judge_name, labels_with, unknown_verdicts
 from .compare import COMPARE_OPTIONS
 
 EXIT_OK, EXIT_USAGE = 0, 2
-EXIT_INTERRUPTED = 130  # Ctrl-C: 128 + SIGINT, as a shell reports it
 EXPORT_OPTIONS = COMPARE_OPTIONS  # the same reader of the results topic: where it is and how to log
 
 
@@ -488,9 +487,8 @@ def selection_from(namespace: argparse.Namespace, labels: dict[str, tuple[str, .
 def run_export(namespace: argparse.Namespace) -> int:
     """0 (also when nothing matched: said); 2 for a usage error or matching results without a transcript (nothing
     to export: said, nothing written); 69 when Kafka does not answer; 130 on Ctrl-C."""
-    from .._errors import StartupError
     from .._logging import configure_logging
-    from .compare import NO_RESULTS_TOPIC, CompareError, read_results
+    from .compare import NO_RESULTS_TOPIC, results_or_exit
     from .options import settings_from_args
 
     settings = settings_from_args(namespace)
@@ -506,16 +504,9 @@ def run_export(namespace: argparse.Namespace) -> int:
         if path is not None and not path.resolve().parent.is_dir():
             return _usage(f"{flag}: directory {path.resolve().parent} does not exist")
     configure_logging(settings.log_level, settings.log_format)
-    try:
-        records = read_results(settings)
-    except CompareError as exc:
-        return _usage(str(exc))
-    except StartupError as exc:
-        print(f"tracejudge export: {exc}", file=sys.stderr)
-        return exc.exit_code
-    except KeyboardInterrupt:
-        print("tracejudge export: interrupted (Ctrl-C): nothing written", file=sys.stderr)
-        return EXIT_INTERRUPTED
+    records = results_or_exit(settings, "export")
+    if isinstance(records, int):
+        return records
     export = select(records, selection)
     for problem in _absent(records, selection):  # a misspelt judge or mode exports nothing: say what is there
         print(f"tracejudge export: {problem}", file=sys.stderr)

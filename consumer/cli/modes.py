@@ -19,13 +19,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .compare import COMPARE_OPTIONS
+from .compare import COMPARE_OPTIONS, EXIT_INTERRUPTED
 
 if TYPE_CHECKING:
     from tracejudge.metrics.modes import Item
 
 EXIT_OK, EXIT_NOTHING, EXIT_USAGE, EXIT_JUDGE = 0, 1, 2, 3
-EXIT_INTERRUPTED = 130
 MODES_OPTIONS = COMPARE_OPTIONS | {"judge_model", "judge_timeout", "judge_retries"}
 SMALL_SAMPLE = 30  # fewer failing verdicts than this: the modes are a guess, and said so
 
@@ -192,9 +191,8 @@ def _checked(namespace: argparse.Namespace, settings: Any) -> tuple[Any, list[tu
 def run_propose(namespace: argparse.Namespace) -> int:
     from tracejudge.metrics.modes import JudgeFailed, ModesJudge, estimate, price, run_rounds
 
-    from .._errors import StartupError
     from .._logging import configure_logging
-    from .compare import CompareError, read_results
+    from .compare import results_or_exit
     from .options import settings_from_args
 
     settings = settings_from_args(namespace)
@@ -203,16 +201,9 @@ def run_propose(namespace: argparse.Namespace) -> int:
     except ModesError as exc:
         return _usage(str(exc))
     configure_logging(settings.log_level, settings.log_format)
-    try:
-        records = read_results(settings)
-    except CompareError as exc:
-        return _usage(str(exc))
-    except StartupError as exc:
-        print(f"tracejudge modes propose: {exc}", file=sys.stderr)
-        return exc.exit_code
-    except KeyboardInterrupt:
-        print("tracejudge modes propose: interrupted (Ctrl-C): nothing written", file=sys.stderr)
-        return EXIT_INTERRUPTED
+    records = results_or_exit(settings, "modes propose")
+    if isinstance(records, int):
+        return records
     items = sample_of(records, selection, namespace.limit)
     what = f"{namespace.metric} {'/'.join(sorted(selection.verdicts or ()))}"
     if not items:
