@@ -440,6 +440,21 @@ class RubricMetric(HolisticJudgeMetric):
     source: ClassVar[str] = ""
     builtin: ClassVar[bool] = False
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """A subclass names its `rubric`; everything the judge sends and reads is derived from it, here, once."""
+        super().__init_subclass__(**kwargs)
+        rubric = cls.__dict__.get("rubric")
+        if rubric is None:
+            return
+        cls.name = rubric.name
+        cls.weights = rubric.weights
+        cls.system_prompt = compose_system_prompt(rubric)
+        cls.extended_examples = rubric.extended_examples
+        cls.evidence_key = rubric.evidence_key
+        cls.taxonomy = tuple((mode.name, mode.description) for mode in rubric.failure_modes)
+        cls.taxonomy_alerts = rubric.mode_alert_shares
+        cls.failing_verdicts = rubric.failing_verdicts
+
     @classmethod
     def from_file(
         cls, path: str | Path, model: str | CustomLLMClient | Any = DEFAULT_MODEL, **options: Any
@@ -479,14 +494,6 @@ def metric_class(rubric: Rubric, *, source: str = "", builtin: bool = False) -> 
         "rubric": rubric,
         "source": source,
         "builtin": builtin,
-        "name": rubric.name,
-        "weights": rubric.weights,
-        "system_prompt": compose_system_prompt(rubric),
-        "extended_examples": rubric.extended_examples,
-        "evidence_key": rubric.evidence_key,
-        "taxonomy": tuple((mode.name, mode.description) for mode in rubric.failure_modes),
-        "taxonomy_alerts": rubric.mode_alert_shares,
-        "failing_verdicts": rubric.failing_verdicts,
         "__doc__": rubric.description or f"The {rubric.name} judge (rubric file {source or 'given in code'}).",
     }
     title = "".join(part.title() for part in rubric.name.split("_"))
