@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import platform
+import shutil
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
@@ -146,6 +147,9 @@ def table(results: dict[str, Any]) -> str:
                     f"ours {peer['ours_vs_quix_cpu']:.2f}x Quix's CPU efficiency",
                 )
             )
+    for name, profile in (peer or {}).get("profile", {}).items():
+        top = ", ".join(f"{area} {share:.0%}" for area, share in list(profile["areas"].items())[:4])
+        rows.append(("profile, Python time holding the GIL (py-spy)", name, top, ""))
     cost = results.get("judge_cost")
     if cost:
         from bench.judge_cost import table_rows
@@ -224,7 +228,7 @@ def main() -> int:
     if "scale" in only:
         from bench import scale_out
 
-        scale = scale_out.run(conversations=1_000 if args.quick else 4_000, max_replicas=args.max_replicas)
+        scale = scale_out.run(conversations=1_000 if args.quick else 8_000, max_replicas=args.max_replicas)
         results["scale_out"] = {"machine": machine(), "date": results["date"], **scale}
     if "quix" in only:
         from bench import peer_quix
@@ -234,6 +238,9 @@ def main() -> int:
             print(f"quix: {peer['skipped']}")
             results.setdefault("peer_quix", peer)
         else:
+            if shutil.which("py-spy") or Path(sys.executable).with_name("py-spy").exists():
+                # where each spends: one more round of each under py-spy, its own records (shares, not rates)
+                peer["profile"] = peer_quix.profiled(conversations=4_000 if args.quick else 12_000)
             results["peer_quix"] = {"machine": machine(), "date": results["date"], **peer}
     RESULTS.write_text(json.dumps(results, indent=2) + "\n")
     about = results["machine"]

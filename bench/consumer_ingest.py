@@ -121,29 +121,36 @@ def other_span(tracer: Any, i: int) -> Any:
 def produce(bootstrap: str, topic: str, conversations: int, keyed_by: str) -> int:
     """One record per turn (and, for the firehose, FIREHOSE_OTHERS non-GenAI records per turn); returns the number
     of records."""
+    return send_all(bootstrap, topic, build(conversations, keyed_by))
+
+
+def build(conversations: int, keyed_by: str) -> list[tuple[bytes, bytes]]:
+    """The records `produce` sends, (key, value) in order, built ahead (the SDK's spans cost more than a send)."""
     tracer = TracerProvider().get_tracer("bench")
-    producer = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=20, batch_size=1 << 20, max_request_size=1 << 24)
-    records = 0
+    records: list[tuple[bytes, bytes]] = []
     for c in range(conversations):
         cid = f"bench-{keyed_by}-{c}"
         for t in range(TURNS_PER_CONVERSATION):
             batch = turn_batch(tracer, cid, t)
             trace_key = f"{batch[0].get_span_context().trace_id:032x}".encode()
-            producer.send(
-                topic,
-                key=cid.encode() if keyed_by == "conversation" else trace_key,
-                value=encode_spans(batch).SerializeToString(),
-            )
-            records += 1
+            key = cid.encode() if keyed_by == "conversation" else trace_key
+            records.append((key, encode_spans(batch).SerializeToString()))
             if keyed_by == "firehose":
+                base = len(records)
                 for i in range(FIREHOSE_OTHERS):
-                    other = other_span(tracer, records + i)
-                    key = f"{other.get_span_context().trace_id:032x}".encode()
-                    producer.send(topic, key=key, value=encode_spans([other]).SerializeToString())
-                records += FIREHOSE_OTHERS
+                    other = other_span(tracer, base + i)
+                    other_key = f"{other.get_span_context().trace_id:032x}".encode()
+                    records.append((other_key, encode_spans([other]).SerializeToString()))
+    return records
+
+
+def send_all(bootstrap: str, topic: str, records: list[tuple[bytes, bytes]]) -> int:
+    producer = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=20, batch_size=1 << 20, max_request_size=1 << 24)
+    for key, value in records:
+        producer.send(topic, key=key, value=value)
     producer.flush()
     producer.close()
-    return records
+    return len(records)
 
 
 def per_record_us(rounds: int, calls: int = 5_000) -> dict[str, dict[str, float]]:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
+import signal
 import tempfile
 import time
 import uuid
@@ -39,8 +41,15 @@ def _create_topic(bootstrap: str, topic: str) -> None:
         admin.close()
 
 
-def quix_run(bootstrap: str, broker_pid: int, topic: str, conversations: int, records: int) -> dict[str, Any]:
+def quix_run(
+    bootstrap: str, broker_pid: int, topic: str, conversations: int, records: int, profile: Path | None = None
+) -> dict[str, Any]:
+    """`profile`: py-spy's raw samples of this process over the measured window, written there."""
     from quixstreams import Application
+
+    from bench.scale_out import sampling
+
+    sampler: Any = None
 
     clock: dict[str, float] = {}
     completed = 0
@@ -57,12 +66,18 @@ def quix_run(bootstrap: str, broker_pid: int, topic: str, conversations: int, re
 
         def assemble(value: bytes, state: Any) -> dict[str, Any] | None:
             nonlocal completed
+            nonlocal sampler
             if not clock:
+                if profile is not None:
+                    sampler = sampling(os.getpid(), profile)
                 clock.update(wall=time.perf_counter(), cpu=time.process_time(), broker=_proc_cpu_s(broker_pid))
             events, _ = read_events(value, max_bytes=MAX_RECORD_BYTES)
             outcome = None
             for event in events:
-                turns = state.get("turns", []) + ([event.turn.index] if event.turn is not None else [])
+                turns = state.get("turns", [])
+                if event.turn is not None:  # what a judge needs of the turn, as our table keeps it
+                    turn = event.turn
+                    turns.append([turn.index, turn.span_id, turn.start_ns, turn.input, turn.output, turn.is_error])
                 if event.ended:
                     state.delete("turns")
                     outcome = {"conversation": event.conversation_id, "turns": len(turns), "outcome": "sampled_out"}
@@ -73,6 +88,8 @@ def quix_run(bootstrap: str, broker_pid: int, topic: str, conversations: int, re
                             cpu_end=time.process_time(),
                             broker_end=_proc_cpu_s(broker_pid),
                         )
+                        if sampler is not None:
+                            sampler.send_signal(signal.SIGINT)
                         app.stop()
                 else:
                     state.set("turns", turns)
@@ -82,6 +99,8 @@ def quix_run(bootstrap: str, broker_pid: int, topic: str, conversations: int, re
         sdf = sdf.apply(assemble, stateful=True).filter(lambda v: v is not None)
         sdf.to_topic(outcomes)
         app.run()
+    if sampler is not None:
+        sampler.wait(60)
     seconds = clock["wall_end"] - clock["wall"]
     return {
         "seconds": seconds,
@@ -89,6 +108,29 @@ def quix_run(bootstrap: str, broker_pid: int, topic: str, conversations: int, re
         "cpu_s_per_1000_records": 1000 * (clock["cpu_end"] - clock["cpu"]) / records,
         "broker_cpu_s_per_1000_records": 1000 * (clock["broker_end"] - clock["broker"]) / records,
     }
+
+
+def profiled(conversations: int = 4_000, raw: Path | None = None) -> dict[str, Any]:
+    """One more round of each under py-spy (its samples cost both the same sampling, so only the shares count):
+    the busy samples of each by area and the functions with the most self time (bench/profile_ingest.areas).
+    librdkafka's own threads are native code, which py-spy does not sample: Quix's Kafka client shows only where
+    Python calls into it."""
+    from bench.profile_ingest import areas
+
+    with EmbeddedBroker() as broker, tempfile.TemporaryDirectory(prefix="peer-profile-") as scratch:
+        assert broker._process is not None
+        pid, bootstrap = broker._process.pid, broker.bootstrap_servers
+        topic = f"peer-profile-{uuid.uuid4().hex[:6]}"
+        _create_topic(bootstrap, topic)
+        records = produce(bootstrap, topic, conversations, "conversation")
+        theirs, ours = Path(scratch) / "quix.txt", Path(scratch) / "ours.txt"
+        quix_run(bootstrap, pid, topic, conversations, records, profile=theirs)
+        replicas_run(bootstrap, pid, topic, conversations, records, 1, profile=ours)
+        if raw is not None:  # py-spy's raw stacks kept, for a flame graph or another tally
+            raw.mkdir(parents=True, exist_ok=True)
+            shutil.copy(theirs, raw / theirs.name)
+            shutil.copy(ours, raw / ours.name)
+        return {QUIX: areas(theirs.read_text()), OURS: areas(ours.read_text())}
 
 
 def run(conversations: int = 4_000, rounds: int = 2) -> dict[str, Any]:
@@ -122,6 +164,11 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(prog="python -m bench.peer_quix")
     parser.add_argument("--conversations", type=int, default=4_000)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--profile", action="store_true", help="one round of each under py-spy: where each spends")
+    parser.add_argument("--raw", type=Path, default=None, metavar="DIR", help="with --profile: keep py-spy's stacks")
     args = parser.parse_args()
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-    print(json.dumps(run(args.conversations, args.rounds), indent=2))
+    if args.profile:
+        print(json.dumps(profiled(args.conversations, args.raw), indent=2))
+    else:
+        print(json.dumps(run(args.conversations, args.rounds), indent=2))

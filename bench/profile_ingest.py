@@ -31,7 +31,9 @@ from tracejudge.consumer.embedded_broker import EmbeddedBroker
 
 OUT = Path(__file__).resolve().parent / "profile.json"
 STREAM_THREAD = "bench-consumer"  # consumer_ingest runs ConsumerService.run on a thread of this name
-IDLE = re.compile(r"^(EpollSelector\.select|select|poll|Condition\.wait|Event\.wait|wait|sleep|Thread\.join|acquire)\b")
+IDLE = re.compile(
+    r"^(\w*Selector\.select|select|poll|Condition\.wait|Event\.wait|wait|sleep|Thread\.join|acquire|Consumer\.poll)\b"
+)
 # The stream thread's stages, by the function that is each one's entry (file names keep them apart from namesakes).
 STAGES = {
     "read_events (decode and extraction)": "read_events (consumer/conversation/reading.py",
@@ -78,6 +80,51 @@ def tally(raw: str) -> dict[str, Any]:
             if busy[name]
         },
         "stream_thread_stages": {stage: stages[stage] / stream for stage in STAGES},
+    }
+
+
+# Where a busy sample's innermost Python frame lies: the same areas for ours and for a peer (bench/peer_quix.py), so
+# the two profiles line up. First match wins; a frame is `function (path:line)`.
+AREAS = (
+    ("Kafka client: kafka-python (pure Python fetch, parse, produce)", ("(kafka/",)),
+    ("Kafka client: Quix's wrapper of confluent-kafka (librdkafka)", ("(confluent_kafka/", "(quixstreams/kafka/")),
+    ("read_events: OTLP decode (protobuf, JSON)", ("(google/protobuf/", "(opentelemetry/proto/", "consumer/decode.py")),
+    ("read_events: span reading (adapters, reading.py)", ("(consumer/adapters/", "(consumer/conversation/reading.py")),
+    ("state: our table and its encoding", ("(consumer/conversation/", "(msgspec/")),
+    ("state: Quix Streams state (RocksDB, serialisation)", ("(quixstreams/state/", "(rocksdict/")),
+    ("runtime: our stream thread (processor, collector, commits, clock)", ("(consumer/streams/", "(consumer/offsets")),
+    ("runtime: our judge side (worker, emit)", ("(consumer/judging/", "(consumer/emit/", "(consumer/exchanges")),
+    ("runtime: Quix Streams (dataframe, processing, checkpoints)", ("(quixstreams/",)),
+    ("the job's own function (bench)", ("(bench/",)),
+    ("metrics (prometheus_client)", ("(prometheus_client/",)),
+    ("logging", ("(logging/",)),
+    ("Python's stdlib (selectors, sockets, json, threading)", ("(selectors.py", "(socket", "(json/", "(threading.py")),
+)
+
+
+def areas(raw: str, top: int = 15) -> dict[str, Any]:
+    """py-spy raw samples by the area of their innermost frame (busy samples only, every thread), and the functions
+    with the most self time."""
+    by_area: Counter[str] = Counter()
+    functions: Counter[str] = Counter()
+    busy = 0
+    for line in raw.splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        frames = stack.split(";")
+        leaf = frames[-1]
+        if len(frames) < 2 or IDLE.match(leaf):
+            continue
+        samples = int(count)
+        busy += samples
+        area = next((name for name, parts in AREAS if any(part in leaf for part in parts)), "other")
+        by_area[area] += samples
+        functions[re.sub(r":\d+\)$", ")", leaf)] += samples
+    return {
+        "busy_samples": busy,
+        "areas": {name: n / (busy or 1) for name, n in by_area.most_common()},
+        "self_time": {name: n / (busy or 1) for name, n in functions.most_common(top)},
     }
 
 

@@ -1,6 +1,8 @@
-"""Scale-out: N replicas of `tracejudge consume --role all` (real processes, one consumer group) over one pre-filled
-topic of PARTITIONS partitions, for each keying of bench/consumer_ingest.py (conversation, trace, the Collector
-firehose), N from 1 to `max_replicas` (default: the machine's cores).
+"""Scale-out: N replicas of `tracejudge consume --role all` (real processes, one consumer group) over one topic of
+PARTITIONS partitions, for each keying of bench/consumer_ingest.py (conversation, trace, the Collector firehose), N
+from 1 to `max_replicas` (default: the machine's cores). The records (built ahead) are written once the group has
+formed, one partition set per replica, so the window measures the steady state, not the replicas joining while the
+first one reads (a rebalance and the restore of the moved partitions' state, a cost of scaling out, not of running).
 
 Figures are CPU seconds per 1,000 records as well as records/s: wall-clock rates move from host to host (and on a
 shared host from minute to minute), CPU time per record moves less. Each replica's CPU is its own
@@ -12,19 +14,23 @@ over the replicas."""
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.consumer_ingest import END_GRACE_S, FIREHOSE_SHARE, KEYINGS, TURNS_PER_CONVERSATION, produce
+from bench.consumer_ingest import END_GRACE_S, FIREHOSE_SHARE, KEYINGS, TURNS_PER_CONVERSATION, build, send_all
 from tracejudge.consumer.embedded_broker import EmbeddedBroker, free_port
 
 PARTITIONS = 16
@@ -37,13 +43,22 @@ def _proc_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICK
 
 
-def _scrape(port: int) -> dict[str, float]:
-    """The few series the bench reads from one replica's /metrics."""
-    out = {"records": 0.0, "done": 0.0, "cpu": 0.0}
+# Only the series read (prometheus_client's `name[]` filter): a full exposition every 50 ms would charge the replica
+# the bench's own polling (each collects every family of a registry of ~100).
+# The process collector is read once at each end of the window, unfiltered: prometheus_client's filter leaves out a
+# collector that does not describe itself.
+SCRAPED = "&".join(f"name[]={name}" for name in ("tracejudge_records_total", "tracejudge_sessions_total"))
+
+
+def _scrape(port: int, every: bool = False) -> dict[str, float]:
+    """The few series the bench reads from one replica's /metrics (`every`: the whole exposition, for its CPU)."""
+    out = {"records": 0.0, "done": 0.0, "cpu": 0.0, "up": 0.0}
+    query = "" if every else f"?{SCRAPED}"
     try:
-        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics{query}", timeout=2).read().decode()
     except OSError:
         return out
+    out["up"] = 1.0
     for line in text.splitlines():
         if line.startswith("tracejudge_records_total{"):
             out["records"] += float(line.rsplit(" ", 1)[1])
@@ -54,29 +69,55 @@ def _scrape(port: int) -> dict[str, float]:
     return out
 
 
+def sampling(pid: int, raw: Path) -> subprocess.Popen[bytes]:
+    """py-spy recording one process until SIGINT (the `bench` extra): 200 Hz, raw stacks, only the thread holding the
+    GIL (running Python), so a thread waiting for it (after a socket write, say) is not charged."""
+    spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    if not Path(spy).exists():
+        raise SystemExit("py-spy is not installed (pip install -e '.[bench]')")
+    command = [spy, "record", "--pid", str(pid), "-r", "200", "-t", "--gil", "-f", "raw", "-o", str(raw)]
+    command.append("--nonblocking")
+    return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
 def _cpu(scraped: dict[str, float], pid: int) -> float:
-    """The replica's own `process_cpu_seconds_total` where its /metrics has it, else its CPU from /proc: `tracejudge
-    consume` serves its own registry, which (as of this bench) holds no process collector."""
+    """The replica's own `process_cpu_seconds_total` (its registry holds a process collector), else, for a build
+    whose /metrics lacks it, its CPU from /proc."""
     return scraped["cpu"] or _proc_cpu_s(pid)
 
 
-def _owned(log: Path, topic: str) -> int | None:
-    """Input partitions the replica owned at the end: its last "partitions assigned" log line (Tansu cannot answer
-    kafka-python's DescribeGroups: it sends an ACL operation the client rejects)."""
-    text = log.read_text(errors="replace").splitlines()
-    lines = [line for line in text if "partitions assigned:" in line and "judge-queue" not in line]
-    if not lines:
-        return None
-    listed = lines[-1].split("partitions assigned:", 1)[1]
-    if "partition=" in listed:
-        return len(re.findall(rf"{re.escape(topic)}'?, partition=\d+", listed))
-    return len(re.findall(r"\d+", listed.split("(", 1)[0]))
+_MOVES = re.compile(r"tracejudge\.consumer\.streams: partitions (assigned|revoked|lost): \[([\d, ]*)\]")
+
+
+def _owned(log: Path) -> set[int]:
+    """The input partitions a replica owns now, replayed from its stream thread's assigned/revoked/lost log lines
+    (Tansu cannot answer kafka-python's DescribeGroups: it sends an ACL operation the client rejects)."""
+    mine: set[int] = set()
+    for kind, numbers in _MOVES.findall(log.read_text(errors="replace")):
+        partitions = {int(n) for n in numbers.split(",") if n.strip()}
+        mine = mine | partitions if kind == "assigned" else mine - partitions
+    return mine
+
+
+def _formed(logs: list[Path]) -> bool:
+    """Every replica owns partitions and together they own each once: the group formed, no rebalance in flight."""
+    owned = [_owned(log) for log in logs]
+    return all(owned) and sum(len(o) for o in owned) == PARTITIONS and len(set().union(*owned)) == PARTITIONS
 
 
 def replicas_run(
-    bootstrap: str, broker_pid: int, topic: str, conversations: int, records: int, n: int
+    bootstrap: str,
+    broker_pid: int,
+    topic: str,
+    conversations: int,
+    records: int,
+    n: int,
+    profile: Path | None = None,
+    fill: Callable[[], object] | None = None,
 ) -> dict[str, Any]:
-    """N replicas from their first record to every conversation's outcome."""
+    """N replicas from their first record to every conversation's outcome; `profile`: py-spy's raw samples of the
+    first replica over that window, written there. `fill`: the topic is empty and `fill` writes its records once
+    the group has formed, so the window holds no rebalance (else the replicas join while the first reads)."""
     group = f"scale-{uuid.uuid4().hex[:6]}"
     ports = [free_port() for _ in range(n)]
     logs = Path(tempfile.mkdtemp(prefix="scale-out-"))
@@ -118,7 +159,17 @@ def replicas_run(
         )
         for port in ports
     ]
+    sampler: subprocess.Popen[bytes] | None = None
+    filling: threading.Thread | None = None
     try:
+        if fill is not None:
+            deadline = time.monotonic() + 300
+            while not _formed([logs / f"{port}.log" for port in ports]):
+                if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
+                    raise RuntimeError(f"{n} replicas: the group did not form")
+                time.sleep(0.1)  # polled: the replicas' own log lines
+            filling = threading.Thread(target=fill, name="bench-fill")
+            filling.start()
         first: float | None = None
         start_cpu: list[float] = []
         broker_start = 0.0
@@ -126,8 +177,10 @@ def replicas_run(
         while True:
             scraped = [_scrape(port) for port in ports]
             if first is None and sum(s["records"] for s in scraped) > 0:
+                if profile is not None:  # over the measured window only (the attach takes a few ms of it)
+                    sampler = sampling(procs[0].pid, profile)
                 first, broker_start = time.perf_counter(), _proc_cpu_s(broker_pid)
-                start_cpu = [_cpu(s, p.pid) for s, p in zip(scraped, procs, strict=True)]
+                start_cpu = [_cpu(_scrape(port, every=True), p.pid) for port, p in zip(ports, procs, strict=True)]
             if first is not None and sum(s["done"] for s in scraped) >= conversations:
                 break
             if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
@@ -136,8 +189,13 @@ def replicas_run(
         assert first is not None
         elapsed = time.perf_counter() - first
         broker_cpu = _proc_cpu_s(broker_pid) - broker_start
-        end_cpu = [_cpu(s, p.pid) for s, p in zip(scraped, procs, strict=True)]
+        end_cpu = [_cpu(_scrape(port, every=True), p.pid) for port, p in zip(ports, procs, strict=True)]
+        owned = [len(_owned(logs / f"{port}.log")) for port in ports]  # before a stop revokes them
     finally:
+        if sampler is not None:
+            sampler.send_signal(signal.SIGINT)
+            sampler.wait(60)
+            sampler = None
         for p in procs:
             p.terminate()
         for p in procs:
@@ -145,7 +203,8 @@ def replicas_run(
                 p.wait(30)
             except subprocess.TimeoutExpired:
                 p.kill()
-    owned = [_owned(logs / f"{port}.log", topic) for port in ports]
+        if filling is not None:
+            filling.join(120)
     shutil.rmtree(logs, ignore_errors=True)
     per_replica: list[dict[str, Any]] = [
         {
@@ -168,7 +227,7 @@ def replicas_run(
     }
 
 
-def run(conversations: int = 4_000, max_replicas: int | None = None) -> dict[str, Any]:
+def run(conversations: int = 8_000, max_replicas: int | None = None) -> dict[str, Any]:
     max_replicas = max_replicas or os.cpu_count() or 1
     out: dict[str, Any] = {
         "conversations": conversations,
@@ -182,13 +241,15 @@ def run(conversations: int = 4_000, max_replicas: int | None = None) -> dict[str
         pid = broker._process.pid
         for keyed_by in KEYINGS:
             count = conversations // FIREHOSE_SHARE if keyed_by == "firehose" else conversations
-            topic = f"scale-{keyed_by}-{uuid.uuid4().hex[:6]}"
-            broker.create_topic(topic, PARTITIONS)
-            records = produce(broker.bootstrap_servers, topic, count, keyed_by)
-            runs = [
-                replicas_run(broker.bootstrap_servers, pid, topic, count, records, n)
-                for n in range(1, max_replicas + 1)
-            ]
+            built = build(count, keyed_by)
+            records = len(built)
+            runs = []
+            for n in range(1, max_replicas + 1):  # each on a topic of its own, filled once its group formed
+                topic = f"scale-{keyed_by}-{n}-{uuid.uuid4().hex[:6]}"
+                broker.create_topic(topic, PARTITIONS)
+                bootstrap = broker.bootstrap_servers
+                fill = functools.partial(send_all, bootstrap, topic, built)
+                runs.append(replicas_run(bootstrap, pid, topic, count, records, n, fill=fill))
             one = runs[0]
             for row in runs:
                 row["efficiency"] = row["records_per_s"] / (row["replicas"] * one["records_per_s"])

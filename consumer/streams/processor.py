@@ -164,7 +164,12 @@ class Processor:
         try:
             value = R.loads(record.value)
             if kind == R.WATERMARK:
-                task.source_watermark(int(value["source"]), int(value["ms"]))
+                sources = value.get("sources")
+                if isinstance(sources, dict):  # every source of the sending replica (clock.broadcast)
+                    for source, ms in sources.items():
+                        task.source_watermark(int(source), int(ms))
+                else:  # one source: a replica of an earlier version
+                    task.source_watermark(int(value["source"]), int(value["ms"]))
                 return
             cid = record.key.decode("utf-8", "surrogatepass")
             if kind == R.EVENTS:

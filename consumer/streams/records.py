@@ -28,7 +28,9 @@ KIND = "tracejudge.kind"
 EVENTS, VERDICT, STATE, POSITIONS, JOB, FEEDBACK = "events", "verdict", "state", "positions", "job", "feedback"
 STATE_PACKED = "state.msgpack"  # a conversation's state in MessagePack (STATE: the same in JSON)
 STATES = frozenset({STATE, STATE_PACKED})
-WATERMARK = "watermark"  # {"source": input partition, "ms": how far (record time) it has routed its records}
+# {"sources": {input partition: how far (record time, ms) it has routed its records}, and one of them as "source",
+# "ms": the form a replica of an earlier version sends and reads}
+WATERMARK = "watermark"
 WATERMARK_KEY = b"\x00tracejudge.watermark"
 POSITIONS_KEY = b"\x00tracejudge.positions"  # never a conversation id's key: ids are text, this starts with NUL
 

@@ -62,6 +62,7 @@ RETRY_POLL_S = 0.5
 RETRY_DUE_S = 1.0
 RESUMED_POLL_S = 0.1  # every step: a judge worker's step waits at most this long
 EARLY_S = 1.0  # a paused partition resumes this long before its record ripens: the fetch is back by then
+RETRYING_REFRESH_S = 5.0  # tracejudge_judgements_retrying is counted at most this often (a scrape is ~15 s)
 MAX_HELD = 1000  # records held in memory per retry partition (their last stretch); past it the partition waits
 
 Offsets = dict[TopicPartition, OffsetAndMetadata]
@@ -94,6 +95,7 @@ class RetryScheduler:
         self._held_count: Counter[TopicPartition] = Counter()
         self._seq = itertools.count()
         self._poll_at = 0.0  # monotonic time of the next read of the retry topics
+        self._counted_at = float("-inf")  # monotonic time of the last count_retrying
         self._resumed_until = 0.0  # monotonic time until which they are read every step (a partition resumed)
         self._rescheduled: queue.SimpleQueue[tuple[Judgement, threading.Event]] = queue.SimpleQueue()
         self._log = RateLimitedLog(logger, interval_s=10.0)
@@ -347,9 +349,16 @@ class RetryScheduler:
         """tracejudge_judgements_retrying: the records of the retry partitions read not yet forwarded (the log end
         minus the position, and those held in memory). The consumer's fetches tell the log end of the partitions it
         reads; a waiting partition is paused, so its end is probed (a probe of a partition with nothing past the
-        position waits for the brokers' fetch wait: it held the judge loop ~180 ms every 0.5 s)."""
+        position waits for the brokers' fetch wait: it held the judge loop ~180 ms every 0.5 s). Counted at most every
+        RETRYING_REFRESH_S: kafka-python's `position` revalidates every assigned partition on each call, so a count
+        over the retry steps' partitions costs each call that many times over (a third of an idle replica's CPU when
+        it ran every 0.5 s, bench/scale_out.py)."""
         if self.consumer is None:
             return
+        now = time.monotonic()
+        if now - self._counted_at < RETRYING_REFRESH_S:
+            return
+        self._counted_at = now
         positions: dict[TopicPartition, int] = {}
         ends: dict[TopicPartition, int] = {}
         paused = self.consumer.paused()

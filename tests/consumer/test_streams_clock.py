@@ -146,3 +146,35 @@ def test_the_lag_probe_never_raises_into_the_judge_worker() -> None:
     assert probe.highwaters({tp: 5}) == {}
     assert probe.highwaters({tp: 5}) == {}
     assert len(attempts) == 2
+
+
+class _Sent:
+    """A record collector that keeps what is sent."""
+
+    def __init__(self) -> None:
+        self.records: list[tuple[str, bytes, bytes, str, int]] = []
+
+    def send(self, topic: str, key: bytes, value: bytes, kind: str, *, partition: int) -> None:
+        self.records.append((topic, key, value, kind, partition))
+
+
+def test_one_watermark_record_per_target_carries_every_source_and_an_earlier_version_reads_one() -> None:
+    """A replica owning 3 of 4 partitions sends 4 records a round (not 3 × 3): each target gets every source but
+    itself. A receiver applies all of them; a receiver of an earlier version reads the single-source form."""
+    tasks = []
+    for partition, ms in ((0, 1_000), (1, 2_000), (3, 3_000)):
+        task = Task(partition, ConversationTable(idle_timeout_s=1.0), restoring=False)
+        task.input_record(ms)
+        tasks.append(task)
+    sent = _Sent()
+    StreamClock("spans", "spans-repartition", 4).broadcast(tasks, sent)  # type: ignore[arg-type]
+    assert [r[4] for r in sent.records] == [0, 1, 2, 3]
+    assert all(r[3] == R.WATERMARK and r[1] == R.WATERMARK_KEY for r in sent.records)
+    processor = Processor.__new__(Processor)
+    for _topic, key, value, kind, target in sent.records:
+        receiver = Task(target, ConversationTable(idle_timeout_s=1.0), restoring=False)
+        processor.repartitioned(receiver, record(kind, key, R.loads(value), 5_000))
+        expected = {p: ms for p, ms in ((0, 1_000), (1, 2_000), (3, 3_000)) if p != target}
+        assert receiver.sources == expected
+        legacy = R.loads(value)  # what an earlier version reads: `source` and `ms`
+        assert expected[int(legacy["source"])] == int(legacy["ms"])
