@@ -233,3 +233,25 @@ def test_the_keeper_hands_on_only_a_fresh_join_for_the_state_it_was_made_in(monk
     stale = now + SESSION_MS / 1000  # no heartbeat since the join: the coordinator may have expired the member
     assert refused_after(lambda: monkeypatch.setattr(time, "monotonic", lambda: stale))
     assert keeper.kept == 1
+
+
+def test_the_keeper_says_once_a_rebalance_when_it_starts_joining_and_when_it_has_joined(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A rejoin that moves no partition of this member shows in no assigned/revoked line; these lines tell a group
+    still rebalancing from a formed one (the scale-in test waits on them)."""
+    coordinator = FakeCoordinator()
+    CompletedJoinKeeper(coordinator)
+    caplog.set_level("INFO", logger="tracejudge.consumer.kafka")
+
+    def said() -> list[str]:
+        return [r.getMessage() for r in caplog.records if r.name == "tracejudge.consumer.kafka"]
+
+    asyncio.run(coordinator._do_join_and_sync_async())
+    coordinator._generation = Generation.NO_GENERATION  # the attempt failed (e.g. REBALANCE_IN_PROGRESS): tried again
+    asyncio.run(coordinator._do_join_and_sync_async())
+    assert said() == ["group 'g': joining (a rebalance is under way)"]  # one line for the rebalance, not per attempt
+    asyncio.run(coordinator._on_join_complete_async(2, "m2", "cooperative-sticky", b""))
+    assert said()[1:] == ["group 'g': joined generation 2"]
+    asyncio.run(coordinator._do_join_and_sync_async())  # the next rebalance
+    assert said()[2:] == ["group 'g': joining (a rebalance is under way)"]
