@@ -67,6 +67,7 @@ class StreamClock:
         self.partitions = partitions
         self._probes = _Every(WATERMARK_INTERVAL_S)
         self._watermarks = _Every(WATERMARK_INTERVAL_S)
+        self._rounds = 0  # broadcasts so far: which source the single-source form carries (each in turn)
 
     def input_position(self, task: Task, group: KafkaConsumer) -> int | None:
         """The next input offset the task processes (the group consumer's position before it read anything)."""
@@ -135,17 +136,19 @@ class StreamClock:
 
         One record per target partition carries every source of ours (`sources`), sent after what they routed
         there, as a record per source would be: a replica owning P of N partitions sends N records a round, not
-        P × (N − 1) (240 every 0.5 s for one replica over 16 partitions, idle or not). The record keeps one source
-        in the single-source form (`source`, `ms`) as well, so a replica of an earlier version, mid rolling
-        upgrade, still reads it."""
+        P × (N − 1) (240 every 0.5 s for one replica over 16 partitions, idle or not). The record also carries one
+        source in the single-source form (`source`, `ms`), each source in turn from round to round, so a replica of
+        an earlier version, mid rolling upgrade, learns every source within P rounds instead of one only."""
         if self.partitions < 2 or not self._watermarks.due():
             return
         now = wall_ms()
         times = {task.partition: task_time(task, now) for task in active(tasks)}
+        self._rounds += 1
         for target in range(self.partitions):
             sources = {source: ms for source, ms in times.items() if source != target}
             if not sources:
                 continue
-            first = min(sources)
-            value = R.dumps({"source": first, "ms": sources[first], "sources": {str(k): v for k, v in sources.items()}})
+            order = sorted(sources)
+            one = order[self._rounds % len(order)]
+            value = R.dumps({"source": one, "ms": sources[one], "sources": {str(k): v for k, v in sources.items()}})
             collector.send(self.repartition, R.WATERMARK_KEY, value, R.WATERMARK, partition=target)

@@ -71,6 +71,13 @@ class StreamsInstruments:
             ["partition"],
             registry=registry,
         )
+        self.unreadable_internal = Counter(
+            "tracejudge_internal_records_unreadable_total",
+            "Records of tracejudge's own topics (repartition, changelog) that could not be read: skipped whole, never"
+            " half applied (another program, or a newer tracejudge, writing there)",
+            ["topic"],
+            registry=registry,
+        )
         self.duplicate_jobs = Counter(
             "tracejudge_duplicate_jobs_total",
             "Judge jobs for a transcript this worker had judged or was judging (a replay after a crash or rebalance):"

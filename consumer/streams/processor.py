@@ -26,7 +26,7 @@ from ..judging.judgement import OUTCOME_SAMPLED_OUT
 from ..kafka.partitioner import state_partition
 from ..kafka.topics import InternalTopics
 from . import records as R
-from .clock import record_time
+from .clock import FUTURE_SLACK_MS, record_time, wall_ms
 from .instruments import StreamsInstruments
 from .record_collector import RecordCollector
 from .task import Task, active
@@ -95,6 +95,8 @@ class Processor:
         self._local = instruments.routed.labels(route="local")
         self._repartitioned = instruments.routed.labels(route="repartition")
         self._malformed_log = RateLimitedLog(logger, interval_s=10.0)
+        self._unreadable = instruments.unreadable_internal.labels(topic="repartition")
+        self._unreadable_log = RateLimitedLog(logger, interval_s=10.0)
 
     def input(self, task: Task, record: Any) -> None:
         """One record of the task's input partition: its events applied here or routed to their owner."""
@@ -164,12 +166,8 @@ class Processor:
         try:
             value = R.loads(record.value)
             if kind == R.WATERMARK:
-                sources = value.get("sources")
-                if isinstance(sources, dict):  # every source of the sending replica (clock.broadcast)
-                    for source, ms in sources.items():
-                        task.source_watermark(int(source), int(ms))
-                else:  # one source: a replica of an earlier version
-                    task.source_watermark(int(value["source"]), int(value["ms"]))
+                for source, ms in self._watermarks(value).items():
+                    task.source_watermark(source, ms)
                 return
             cid = record.key.decode("utf-8", "surrogatepass")
             if kind == R.EVENTS:
@@ -178,7 +176,30 @@ class Processor:
             elif kind == R.VERDICT:
                 task.table.verdict(cid, str(value["content_id"]), str(value["outcome"]), ts)
         except Exception as exc:
-            logger.warning("unreadable repartition record at %d/%d: %r", record.partition, record.offset, exc)
+            self._unreadable.inc()
+            self._unreadable_log.warning(
+                "unreadable repartition record at %d/%d, skipped: %r (does another program, or a newer tracejudge,"
+                " write to the repartition topic?)",
+                record.partition,
+                record.offset,
+                exc,
+            )
+
+    def _watermarks(self, value: Any) -> dict[int, int]:
+        """A watermark record's sources, read whole before any is applied: every source of the sending replica
+        (`sources`, clock.broadcast), else the single-source form of a replica of an earlier version. A source that
+        is not one of the input partitions, or a time past the future slack, makes the record unreadable."""
+        sources = value.get("sources")
+        if sources is None:
+            sources = {value["source"]: value["ms"]}
+        ceiling = wall_ms() + FUTURE_SLACK_MS
+        read: dict[int, int] = {}
+        for source, ms in sources.items():
+            partition, at = int(source), int(ms)
+            if not 0 <= partition < self.partitions or not 0 <= at <= ceiling:
+                raise ValueError(f"watermark out of range: source {source!r}, ms {ms!r}")
+            read[partition] = at
+        return read
 
     def dispatch(self, tasks: Iterable[Task]) -> None:
         """The active tasks' completed conversations to the judge queue, each marked sampled or not.

@@ -182,10 +182,12 @@ class RetryScheduler:
     def assign(self, partitions: Iterable[int]) -> None:
         """Read these retry partitions too, of every retry topic (positions from their committed offsets)."""
         self.partitions |= set(partitions)
+        self._counted_at = float("-inf")  # the retrying gauge recounted at once, over what is read now
         self._reassign()
 
     def forget(self, partitions: set[int]) -> None:
         self.partitions -= partitions
+        self._counted_at = float("-inf")  # no longer counted here: the new owner counts them
         for tracker in self.offsets.values():
             tracker.forget_partitions(partitions)
         for tp in [tp for tp in self._committed if tp.partition in partitions]:
@@ -358,7 +360,6 @@ class RetryScheduler:
         now = time.monotonic()
         if now - self._counted_at < RETRYING_REFRESH_S:
             return
-        self._counted_at = now
         positions: dict[TopicPartition, int] = {}
         ends: dict[TopicPartition, int] = {}
         paused = self.consumer.paused()
@@ -380,3 +381,4 @@ class RetryScheduler:
             ends.update(probed)
         waiting = sum(max(0, ends.get(tp, start) - start) for tp, start in positions.items())
         self.prometheus.retrying.set(waiting + len(self._held))
+        self._counted_at = now  # a count that could not be made is tried again at the next tick

@@ -21,6 +21,8 @@ import time
 from collections.abc import Callable, MutableMapping, Sequence
 from typing import Any
 
+from tracejudge._shared.rate_limited_log import RateLimitedLog
+
 from ..conversation.store import LocalStore, StoreError, tagged
 from ..conversation.store import activity_ms as stored_activity_ms
 from ..conversation.store import decode as store_decode
@@ -47,6 +49,7 @@ class StateManager:
         self.instruments = instruments
         self.directory = StateDirectory(settings.state_dir, settings.group_id, settings.group_instance_id)
         self.failures = StateFailures(instruments, settings.state_dir)
+        self._unreadable_log = RateLimitedLog(logger, interval_s=10.0)
 
     def new_table(self, store: LocalStore | None = None) -> ConversationTable:
         """A task's table: the settings' rules, the process's memory bound, `store` to spill to (none: memory only)."""
@@ -117,8 +120,7 @@ class StateManager:
             self.restore(task, record)
         task.changelog_read(records[-1].offset + 1)
 
-    @staticmethod
-    def restore(task: Task, record: Any) -> None:
+    def restore(self, task: Task, record: Any) -> None:
         """One changelog record: positions are taken at once, a state kept raw until the restore ends."""
         kind = R.kind_of(record.headers)
         try:
@@ -127,7 +129,13 @@ class StateManager:
             elif kind in R.STATES and record.key is not None:
                 task.restore_state(record.key, kind, record.value)
         except Exception as exc:  # a changelog record we cannot read costs that conversation, never the partition
-            logger.warning("unreadable changelog record at %d/%d: %r", record.partition, record.offset, exc)
+            self.instruments.unreadable_internal.labels(topic="changelog").inc()
+            self._unreadable_log.warning(
+                "unreadable changelog record at %d/%d, skipped: %r (does another program write to the changelog?)",
+                record.partition,
+                record.offset,
+                exc,
+            )
 
     def complete_restorations(
         self, tasks: MutableMapping[int, Task], changelog_end: Callable[[int], int | None]

@@ -12,13 +12,31 @@ from collections import defaultdict
 from types import SimpleNamespace
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from tracejudge.consumer.adapters import ConversationEvent, Turn
 from tracejudge.consumer.conversation.table import ConversationTable
+from tracejudge.consumer.emit.prometheus import ConsumerInstruments
+from tracejudge.consumer.kafka.topics import InternalTopics
 from tracejudge.consumer.streams import records as R
 from tracejudge.consumer.streams.clock import FETCH_WAIT_MS, StreamClock, task_time
+from tracejudge.consumer.streams.instruments import StreamsInstruments
 from tracejudge.consumer.streams.processor import Processor
 from tracejudge.consumer.streams.task import Task
+
+
+def repartition_reader(partitions: int = 4, registry: CollectorRegistry | None = None) -> Processor:
+    """A processor for `repartitioned` alone: its collector is never used there."""
+    registry = registry or CollectorRegistry()
+    return Processor(
+        SimpleNamespace(set_aside=lambda record, reason: None),  # type: ignore[arg-type]
+        InternalTopics("g"),
+        partitions,
+        ConsumerInstruments(registry),
+        StreamsInstruments(registry),
+        lambda job: True,
+        max_record_bytes=1 << 20,
+    )
 
 
 def record(kind: str, key: bytes, value: object, timestamp: int) -> SimpleNamespace:
@@ -28,7 +46,7 @@ def record(kind: str, key: bytes, value: object, timestamp: int) -> SimpleNamesp
 
 
 def test_watermarks_and_verdicts_do_not_move_the_record_clock() -> None:
-    processor = Processor.__new__(Processor)  # repartitioned needs no clients
+    processor = repartition_reader()
     task = Task(0, ConversationTable(idle_timeout_s=1.0), restoring=False)
     now = int(time.time() * 1000)
     backlog = now - 60_000  # records a minute old, being caught up on
@@ -170,7 +188,7 @@ def test_one_watermark_record_per_target_carries_every_source_and_an_earlier_ver
     StreamClock("spans", "spans-repartition", 4).broadcast(tasks, sent)  # type: ignore[arg-type]
     assert [r[4] for r in sent.records] == [0, 1, 2, 3]
     assert all(r[3] == R.WATERMARK and r[1] == R.WATERMARK_KEY for r in sent.records)
-    processor = Processor.__new__(Processor)
+    processor = repartition_reader()
     for _topic, key, value, kind, target in sent.records:
         receiver = Task(target, ConversationTable(idle_timeout_s=1.0), restoring=False)
         processor.repartitioned(receiver, record(kind, key, R.loads(value), 5_000))
