@@ -87,6 +87,16 @@ class JudgeAnswer(BaseModel):
         return value
 
 
+def strict_object(properties: dict[str, Any]) -> dict[str, Any]:
+    """A JSON schema object for OpenAI's strict structured output: every property required, no other."""
+    return {"type": "object", "properties": properties, "required": list(properties), "additionalProperties": False}
+
+
+def json_schema_format(name: str, schema: dict[str, Any]) -> dict[str, Any]:
+    """The `response_format` that asks for `schema`, strictly."""
+    return {"type": "json_schema", "json_schema": {"name": name, "strict": True, "schema": schema}}
+
+
 def _json_objects(text: str) -> list[Any]:
     """Every JSON value the text could mean: the whole, fenced blocks, then objects embedded in prose."""
     found: list[Any] = []
@@ -370,13 +380,7 @@ class HolisticJudgeMetric:
         }
         if modes:
             properties["failure_mode"] = {"type": ["string", "null"], "enum": [*modes, None]}
-        schema = {
-            "type": "object",
-            "properties": properties,
-            "required": list(properties),
-            "additionalProperties": False,
-        }
-        return {"type": "json_schema", "json_schema": {"name": f"{cls.name}_verdict", "strict": True, "schema": schema}}
+        return json_schema_format(f"{cls.name}_verdict", strict_object(properties))
 
     @property
     def rubric_version(self) -> str:

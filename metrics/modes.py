@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._errors import JudgeCallError
-from ._judge import OTHER_MODE
+from ._judge import OTHER_MODE, json_schema_format, strict_object
 from ._litellm import litellm_model_string
 from ._retries import RetryPolicy, call_with_retries
 from .rubric import MAX_FAILURE_MODES, NAME_PATTERN
@@ -67,41 +67,19 @@ def classify_messages(items: Sequence[Item], modes: Sequence[tuple[str, str]]) -
 
 
 def propose_format() -> dict[str, Any]:
-    mode = {
-        "type": "object",
-        "properties": {"name": {"type": "string"}, "description": {"type": "string"}},
-        "required": ["name", "description"],
-        "additionalProperties": False,
-    }
-    schema = {
-        "type": "object",
-        "properties": {"modes": {"type": "array", "items": mode}},
-        "required": ["modes"],
-        "additionalProperties": False,
-    }
-    return {"type": "json_schema", "json_schema": {"name": "failure_modes_proposal", "strict": True, "schema": schema}}
+    mode = strict_object({"name": {"type": "string"}, "description": {"type": "string"}})
+    return json_schema_format("failure_modes_proposal", strict_object({"modes": {"type": "array", "items": mode}}))
 
 
 def classify_format(names: Sequence[str], count: int) -> dict[str, Any]:
-    assignment = {
-        "type": "object",
-        "properties": {
+    assignment = strict_object(
+        {
             "item": {"type": "integer", "enum": list(range(count))},
             "mode": {"type": "string", "enum": [*names, OTHER_MODE]},
-        },
-        "required": ["item", "mode"],
-        "additionalProperties": False,
-    }
-    schema = {
-        "type": "object",
-        "properties": {"assignments": {"type": "array", "items": assignment}},
-        "required": ["assignments"],
-        "additionalProperties": False,
-    }
-    return {
-        "type": "json_schema",
-        "json_schema": {"name": "failure_modes_classification", "strict": True, "schema": schema},
-    }
+        }
+    )
+    schema = strict_object({"assignments": {"type": "array", "items": assignment}})
+    return json_schema_format("failure_modes_classification", schema)
 
 
 def count_tokens(model: str, messages: list[dict[str, str]]) -> int:

@@ -16,7 +16,6 @@ import re
 import signal
 import subprocess
 import sys
-import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any
@@ -26,7 +25,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.judge_server import JudgeServer, Reply, conversation_text, metric_of
-from tests.support.pipeline import ROOT, play, result_records, traced_app, wait_for
+from tests.support.pipeline import ROOT, play, result_records, scrape_logged, traced_app, wait_for
 from tracejudge.consumer.cli import main
 from tracejudge.consumer.embedded_broker import EmbeddedBroker
 
@@ -110,17 +109,6 @@ def write_files(tmp_path: Path) -> tuple[Path, Path]:
     return taxonomy, rubric
 
 
-def scrape(log: Path) -> str | None:
-    found = re.search(r"metrics at (http://\S+/metrics)", log.read_text())
-    if found is None:
-        return None
-    try:
-        with urllib.request.urlopen(found.group(1), timeout=5) as response:
-            return response.read().decode()
-    except OSError:
-        return None
-
-
 def mode_samples(text: str) -> list[tuple[str, dict[str, str], float]]:
     """Every sample on /metrics that carries a `mode` label, from any family: (name, labels, value)."""
     return [
@@ -184,7 +172,7 @@ def test_failure_modes_are_counted_live_and_agree_everywhere(
         scraped: list[str | None] = [None]
 
         def counts_reached() -> bool:
-            scraped[0] = scrape(log)
+            scraped[0] = scrape_logged(log)
             return counted(scraped[0]) == want
 
         wait_for(counts_reached, timeout=30, what="the failure-mode counts on /metrics")

@@ -8,7 +8,6 @@ import re
 import signal
 import subprocess
 import time
-import urllib.request
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -17,7 +16,7 @@ from typing import Any
 import pytest
 
 from tests.support.judge_server import JudgeServer, Reply, conversation_text
-from tests.support.pipeline import consumer_process, play, read_all, traced_app, wait_for
+from tests.support.pipeline import consumer_process, play, read_all, scrape_logged, traced_app, wait_for
 from tracejudge.consumer.embedded_broker import EmbeddedBroker
 
 DOWN = Reply(status=503, content="the judge is down")
@@ -64,13 +63,8 @@ def stop(process: subprocess.Popen, log: Path) -> str:
 
 def retrying_gauge(log: Path) -> float | None:
     """tracejudge_judgements_retrying from the process's /metrics (its address is in its log)."""
-    found = re.search(r"metrics at (http://\S+/metrics)", log.read_text())
-    if found is None:
-        return None
-    try:
-        with urllib.request.urlopen(found.group(1), timeout=5) as response:
-            text = response.read().decode()
-    except OSError:
+    text = scrape_logged(log)
+    if text is None:
         return None
     value = re.search(r"^tracejudge_judgements_retrying (\S+)$", text, re.M)
     return None if value is None else float(value.group(1))

@@ -130,6 +130,22 @@ def play(
     provider.force_flush()
 
 
+def scrape_logged(log: Path) -> str | None:
+    """The /metrics text of the `tracejudge consume` process writing `log` (its address is in a log line): None until
+    it says where, or while it does not answer."""
+    import re
+    import urllib.request
+
+    found = re.search(r"metrics at (http://\S+/metrics)", log.read_text())
+    if found is None:
+        return None
+    try:
+        with urllib.request.urlopen(found.group(1), timeout=5) as response:
+            return str(response.read().decode())
+    except OSError:
+        return None
+
+
 def consumer_process(
     broker: EmbeddedBroker, topic: str, group: str, results: str, *, log: Path | None = None, **env: str
 ) -> subprocess.Popen:
