@@ -150,6 +150,11 @@ def table(results: dict[str, Any]) -> str:
     for name, profile in (peer or {}).get("profile", {}).items():
         top = ", ".join(f"{area} {share:.0%}" for area, share in list(profile["areas"].items())[:4])
         rows.append(("profile, Python time holding the GIL (py-spy)", name, top, ""))
+    compiled = results.get("compiled_path")
+    if compiled:
+        from bench.compiled_path import table_rows as compiled_rows
+
+        rows.extend(compiled_rows(compiled))
     cost = results.get("judge_cost")
     if cost:
         from bench.judge_cost import table_rows
@@ -162,7 +167,7 @@ def table(results: dict[str, Any]) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m bench")
-    benches = ["tracer", "judge", "ingest", "client", "restore", "memory", "tokens", "cost", "scale", "quix"]
+    benches = ["tracer", "judge", "ingest", "client", "restore", "memory", "tokens", "cost", "scale", "quix", "mypyc"]
     parser.add_argument(
         "--only",
         type=lambda value: [name.strip() for name in value.split(",")],
@@ -242,6 +247,11 @@ def main() -> int:
                 # where each spends: one more round of each under py-spy, its own records (shares, not rates)
                 peer["profile"] = peer_quix.profiled(conversations=4_000 if args.quick else 12_000)
             results["peer_quix"] = {"machine": machine(), "date": results["date"], **peer}
+    if "mypyc" in only:
+        from bench import compiled_path
+
+        compiled = compiled_path.run(conversations=1_000 if args.quick else 6_000, rounds=1 if args.quick else 2)
+        results["compiled_path"] = {"machine": machine(), "date": results["date"], **compiled}
     RESULTS.write_text(json.dumps(results, indent=2) + "\n")
     about = results["machine"]
     print(f"machine: {about['cpu']} ({about['cores']} cores), Python {about['python']}")

@@ -18,7 +18,7 @@ def _bench(*args: str) -> subprocess.CompletedProcess[str]:
 def test_bench_cli_offers_scale_and_rejects_an_unknown_bench() -> None:
     helped = _bench("--help")
     assert helped.returncode == 0
-    assert "scale" in helped.stdout and "--max-replicas" in helped.stdout
+    assert "scale" in helped.stdout and "mypyc" in helped.stdout and "--max-replicas" in helped.stdout
     wrong = _bench("--only", "nope")
     assert wrong.returncode == 2
     assert "unknown bench: nope" in wrong.stderr
@@ -43,3 +43,31 @@ def test_scale_out_parses_its_flags_and_tabulates_a_result() -> None:
     assert row[1] == "2 replica(s), partitions 8/8"
     assert "0.200 CPU s/1k records (broker 0.050)" in row[2]
     assert row[3] == "efficiency 0.90, CPU 1.05x one replica"
+
+
+def test_the_compiled_path_bench_copies_the_package_as_installed_and_tabulates_its_decision(tmp_path: Path) -> None:
+    sys.path.insert(0, str(ROOT))
+    from bench import compiled_path
+
+    copy = compiled_path.copy_package(tmp_path)
+    for module in compiled_path.COMPILED:  # each module it compiles is where mypyc will look for it
+        assert (copy / module).is_file(), module
+    assert not list(copy.rglob("__pycache__"))
+    result = {
+        "read_events_us": {"pure Python": [{"turn record": 19.0}], "mypyc": [{"turn record": 16.0}]},
+        "read_events_gain_turn_record": 19.0 / 16.0,
+        "consume": {
+            "conversation": {
+                "runs": {
+                    "pure Python": [{"cpu_s_per_1000_records": 0.112}],
+                    "mypyc": [{"cpu_s_per_1000_records": 0.093}],
+                },
+                "gain_by_cpu": 0.112 / 0.093,
+            }
+        },
+        "adopt": False,
+    }
+    first, second = compiled_path.table_rows(result)
+    assert first[1] == "pure Python 19.0 µs, mypyc 16.0 µs" and first[2] == "1.19x"
+    assert second[1] == "CPU s/1k records: pure Python 0.112, mypyc 0.093"
+    assert second[3] == "adopted only at >= 1.5x: no"
