@@ -151,7 +151,7 @@ def table(results: dict[str, Any]) -> str:
         top = ", ".join(f"{area} {share:.0%}" for area, share in list(profile["areas"].items())[:4])
         rows.append(("profile, Python time holding the GIL (py-spy)", name, top, ""))
     compiled = results.get("compiled_path")
-    if compiled:
+    if compiled and "consume" in compiled:
         from bench.compiled_path import table_rows as compiled_rows
 
         rows.extend(compiled_rows(compiled))
@@ -190,7 +190,8 @@ def main() -> int:
     if only - set(benches):
         parser.error(f"unknown bench: {', '.join(sorted(only - set(benches)))} (choose from {', '.join(benches)})")
     rounds = 3 if args.quick else 5
-    results: dict[str, Any] = json.loads(RESULTS.read_text()) if args.only and RESULTS.exists() else {}
+    earlier: dict[str, Any] = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    results: dict[str, Any] = dict(earlier) if args.only else {}
     results.update({"machine": machine(), "date": datetime.now(UTC).isoformat(timespec="seconds")})
     if "tracer" in only:
         from bench import tracer_overhead
@@ -210,7 +211,7 @@ def main() -> int:
         client = kafka_client.run(conversations=5_000 if args.quick else 20_000, rounds=rounds)
         if "skipped" in client:  # confluent-kafka is not installed: the figures of an earlier run stay
             print(f"client: {client['skipped']}")
-            results.setdefault("kafka_client", client)
+            results["kafka_client"] = earlier.get("kafka_client", client)
         else:  # its own machine and date: a section run alone may run on another host than the rest
             results["kafka_client"] = {"machine": machine(), "date": results["date"], **client}
     if "restore" in only:
@@ -241,7 +242,7 @@ def main() -> int:
         peer = peer_quix.run(conversations=1_000 if args.quick else 4_000, rounds=1 if args.quick else 2)
         if "skipped" in peer:  # the figures of an earlier run stay
             print(f"quix: {peer['skipped']}")
-            results.setdefault("peer_quix", peer)
+            results["peer_quix"] = earlier.get("peer_quix", peer)
         else:
             if shutil.which("py-spy") or Path(sys.executable).with_name("py-spy").exists():
                 # where each spends: one more round of each under py-spy, its own records (shares, not rates)
@@ -250,8 +251,15 @@ def main() -> int:
     if "mypyc" in only:
         from bench import compiled_path
 
-        compiled = compiled_path.run(conversations=1_000 if args.quick else 6_000, rounds=1 if args.quick else 2)
-        results["compiled_path"] = {"machine": machine(), "date": results["date"], **compiled}
+        try:
+            compiled = compiled_path.run(conversations=1_000 if args.quick else 6_000, rounds=rounds)
+        except RuntimeError as exc:  # a measured process failed: the other benches' figures are still written
+            compiled = {"skipped": f"mypyc: {exc}"}
+        if "skipped" in compiled:  # no C compiler or mypy here, or a failed run: the figures of an earlier run stay
+            print(compiled["skipped"])
+            results["compiled_path"] = earlier.get("compiled_path", compiled)
+        else:
+            results["compiled_path"] = {"machine": machine(), "date": results["date"], **compiled}
     RESULTS.write_text(json.dumps(results, indent=2) + "\n")
     about = results["machine"]
     print(f"machine: {about['cpu']} ({about['cores']} cores), Python {about['python']}")

@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -45,7 +47,7 @@ def test_scale_out_parses_its_flags_and_tabulates_a_result() -> None:
     assert row[3] == "efficiency 0.90, CPU 1.05x one replica"
 
 
-def test_the_compiled_path_bench_copies_the_package_as_installed_and_tabulates_its_decision(tmp_path: Path) -> None:
+def test_the_compiled_path_bench_copies_the_package_as_installed(tmp_path: Path) -> None:
     sys.path.insert(0, str(ROOT))
     from bench import compiled_path
 
@@ -53,21 +55,42 @@ def test_the_compiled_path_bench_copies_the_package_as_installed_and_tabulates_i
     for module in compiled_path.COMPILED:  # each module it compiles is where mypyc will look for it
         assert (copy / module).is_file(), module
     assert not list(copy.rglob("__pycache__"))
-    result = {
-        "read_events_us": {"pure Python": [{"turn record": 19.0}], "mypyc": [{"turn record": 16.0}]},
-        "read_events_gain_turn_record": 19.0 / 16.0,
-        "consume": {
-            "conversation": {
-                "runs": {
-                    "pure Python": [{"cpu_s_per_1000_records": 0.112}],
-                    "mypyc": [{"cpu_s_per_1000_records": 0.093}],
-                },
-                "gain_by_cpu": 0.112 / 0.093,
-            }
-        },
-        "adopt": False,
-    }
+    compiled_path.check_loaded(copy, compiled=False)  # a process with the copy ahead imports the copy's sources
+    with pytest.raises(RuntimeError, match="not the compiled copy"):  # ...and the check tells a pure copy from a build
+        compiled_path.check_loaded(copy, compiled=True)
+    empty = tmp_path / "empty"  # nothing there: the process imports the editable install, which is not the copy
+    empty.mkdir()
+    with pytest.raises(RuntimeError, match="not the pure copy"):
+        compiled_path.check_loaded(empty, compiled=False)
+
+
+def _runs(cpu: list[float]) -> list[dict[str, float]]:
+    return [{"records_per_s": 1.0, "cpu_s_per_1000_records": value} for value in cpu]
+
+
+@pytest.mark.parametrize(("compiled_cpu", "adopt"), [(0.074, True), (0.0755, False)])
+def test_the_compiled_path_is_adopted_only_at_one_and_a_half_times_the_median(compiled_cpu: float, adopt: bool) -> None:
+    sys.path.insert(0, str(ROOT))
+    from bench import compiled_path
+
+    result = compiled_path.summarize(
+        {
+            "read_events_us": {
+                "pure Python": [{"turn record": v} for v in (19.0, 30.0, 18.0)],
+                "mypyc": [{"turn record": v} for v in (16.0, 1.0, 17.0)],
+            },
+            "consume": {
+                "conversation": {
+                    "runs": {
+                        "pure Python": _runs([0.111, 0.5, 0.109]),  # median 0.111: one slow round moves nothing
+                        "mypyc": _runs([compiled_cpu, compiled_cpu, 0.001]),
+                    }
+                }
+            },
+        }
+    )
+    assert result["adopt"] is adopt
     first, second = compiled_path.table_rows(result)
     assert first[1] == "pure Python 19.0 µs, mypyc 16.0 µs" and first[2] == "1.19x"
-    assert second[1] == "CPU s/1k records: pure Python 0.112, mypyc 0.093"
-    assert second[3] == "adopted only at >= 1.5x: no"
+    assert second[1] == f"CPU s/1k records (median): pure Python 0.111, mypyc {compiled_cpu:.3f}"
+    assert second[3] == f"adopted only at >= 1.5x: {'yes' if adopt else 'no'}"
