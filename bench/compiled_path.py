@@ -87,14 +87,15 @@ def compile_copy(dest: Path) -> float:
     return time.monotonic() - start
 
 
-def _env(path: Path) -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(path)}
-
-
 def _python(path: Path, code: str) -> str:
     """The last line `code` prints, run with `path` ahead on PYTHONPATH (its stderr in the error if it fails)."""
     done = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, env=_env(path), capture_output=True, text=True, check=False
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(path)},
+        capture_output=True,
+        text=True,
+        check=False,
     )
     lines = done.stdout.strip().splitlines()
     if done.returncode != 0 or not lines:
@@ -144,15 +145,17 @@ def consume_once(
     return float(row["cpu_s_per_1000_records"])
 
 
+def medians(runs: dict[str, list[dict[str, float]]], figure: str) -> dict[str, float]:
+    """Each variant's median of `figure` over its runs."""
+    return {name: statistics.median(run[figure] for run in rows) for name, rows in runs.items()}
+
+
 def summarize(out: dict[str, Any]) -> dict[str, Any]:
     """Medians, the gains (pure / compiled) and the decision, from the runs."""
     for row in out["consume"].values():
-        median = {
-            name: statistics.median(r["cpu_s_per_1000_records"] for r in runs) for name, runs in row["runs"].items()
-        }
-        row["median_cpu_s_per_1000_records"] = median
+        median = row["median_cpu_s_per_1000_records"] = medians(row["runs"], "cpu_s_per_1000_records")
         row["gain_by_cpu"] = median[PURE] / median[MYPYC]
-    turn = {name: statistics.median(r["turn record"] for r in rows) for name, rows in out["read_events_us"].items()}
+    turn = medians(out["read_events_us"], "turn record")
     out["read_events_gain_turn_record"] = turn[PURE] / turn[MYPYC]
     out["adopt"] = out["consume"]["conversation"]["gain_by_cpu"] >= BAR
     return out
@@ -201,7 +204,7 @@ def run(conversations: int = 6_000, rounds: int = 5) -> dict[str, Any]:
 
 
 def table_rows(result: dict[str, Any]) -> list[tuple[str, str, str, str]]:
-    turn = {name: statistics.median(r["turn record"] for r in rows) for name, rows in result["read_events_us"].items()}
+    turn = medians(result["read_events_us"], "turn record")
     rows = [
         (
             "mypyc, read_events (turn record)",
@@ -211,9 +214,7 @@ def table_rows(result: dict[str, Any]) -> list[tuple[str, str, str, str]]:
         )
     ]
     for keyed_by, row in result["consume"].items():
-        median = {
-            name: statistics.median(r["cpu_s_per_1000_records"] for r in runs) for name, runs in row["runs"].items()
-        }
+        median = medians(row["runs"], "cpu_s_per_1000_records")
         figures = ", ".join(f"{name} {cpu:.3f}" for name, cpu in median.items())
         rows.append(
             (
