@@ -5,13 +5,16 @@ round trip). Tansu (the embedded broker) answers ListOffsets wrongly (1 for a pa
 there (`quirks.is_tansu`) the probe fetches one small batch from each partition at the caller's positions and reads
 the high watermark the fetch answered, waiting up to `timeout_ms` for it.
 
-`forget_highwater`/`restore_highwater` work around kafka-python (any broker): it keeps the high watermark of the
-last fetch with no way to tell whether a fetch answered since; the stream clock drops it to learn that one did."""
+`FetchAnswers` works around kafka-python (any broker): it keeps the high watermark of the last fetch with no way to
+tell whether a fetch answered since; the stream clock needs to know which fetch said "nothing more", and when it was
+sent."""
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from kafka import TopicPartition
@@ -23,6 +26,7 @@ from .clients import KafkaClients
 from .quirks import is_tansu
 
 logger = logging.getLogger("tracejudge.consumer.kafka")
+THROTTLED_SESSION_ID = -1  # KIP-227: an empty answer to a fetch throttled by a quota
 
 
 class HighwaterProbe:
@@ -76,22 +80,77 @@ class HighwaterProbe:
             self._consumer = None
 
 
-def forget_highwater(consumer: Any, tp: TopicPartition) -> bool:
-    """Drop the high watermark a consumer remembers from its last fetch of `tp`, so that the next one it reports came
-    from a fetch answered after this call. False when this kafka-python keeps it elsewhere (nothing was dropped)."""
-    try:
-        consumer._subscription.assignment[tp].highwater = None
-    except (AttributeError, KeyError, TypeError):
-        return False
-    return consumer.highwater(tp) is None
+@dataclass(frozen=True, slots=True)
+class FetchAnswer:
+    """The high watermark a fetch answered for a partition, and the wall time at which that fetch was sent: by then
+    the partition held at most `highwater` records."""
+
+    highwater: int
+    sent_ms: int
 
 
-def restore_highwater(consumer: Any, tp: TopicPartition, highwater: int) -> bool:
-    """Put back a dropped high watermark (no answer came for it); False when it cannot be."""
-    try:
-        state = consumer._subscription.assignment[tp]
-        if state.highwater is None:
-            state.highwater = highwater
-    except (AttributeError, KeyError, TypeError):
-        return False
-    return True
+class FetchAnswers:
+    """What the latest fetch of a consumer answered for each partition it fetched, kept as each answer arrives (on
+    kafka-python's IO thread). Installed over the fetcher's response handler (kafka-python, any broker): its own
+    `highwater()` keeps the last value with no way to tell whether a fetch answered since, so a consumer that stops
+    fetching (a rebalance: kafka-python fetches nothing until the join completes) still reports the old value as if
+    it were current.
+
+    An incremental fetch session (KIP-227, Apache Kafka) leaves a partition out of an answer when nothing about it
+    changed since the session last reported it: its high watermark is the last one answered, as of this fetch. Tansu
+    answers full fetches (every partition, every time). An answer with an error, a throttled (empty) answer and a
+    failed fetch say nothing and are not kept."""
+
+    def __init__(self) -> None:
+        self._answers: dict[Any, FetchAnswer] = {}
+
+    @classmethod
+    def install(cls, consumer: Any) -> FetchAnswers | None:
+        """Watch `consumer`'s fetch answers; None when this kafka-python keeps its fetcher elsewhere."""
+        fetcher = getattr(consumer, "_fetcher", None)
+        handle = getattr(fetcher, "_handle_fetch_response", None)
+        if fetcher is None or handle is None:
+            return None
+        answers = cls()
+
+        def handle_fetch_response(node_id: Any, fetch_offsets: Any, send_time: float, response: Any) -> Any:
+            result = handle(node_id, fetch_offsets, send_time, response)
+            try:
+                answers.answered(fetch_offsets, send_time, response)
+            except Exception:  # never into kafka-python's IO loop: an answer not kept is a claim not made
+                pass
+            return result
+
+        fetcher._handle_fetch_response = handle_fetch_response  # looked up per fetch sent: the instance's wins
+        return answers
+
+    def answered(self, asked: Any, send_time: float, response: Any) -> None:
+        """A fetch of `asked` (the partitions of the fetch, sent at monotonic `send_time`) answered `response`."""
+        if getattr(response, "error_code", 0) or getattr(response, "throttle_time_ms", 0):
+            return
+        session = getattr(response, "session_id", 0)
+        if session == THROTTLED_SESSION_ID:
+            return
+        sent_ms = int((time.time() - (time.monotonic() - send_time)) * 1000)
+        included: set[Any] = set()
+        for topic_data in response.responses:
+            for partition_data in topic_data.partitions:
+                tp = TopicPartition(topic_data.topic, partition_data.partition_index)
+                included.add(tp)
+                if partition_data.error_code == 0 and partition_data.high_watermark >= 0:
+                    self._keep(tp, FetchAnswer(partition_data.high_watermark, sent_ms))
+        if session <= 0 or not included <= set(asked):  # no session (all were answered), or an invalid answer
+            return
+        for tp in asked:
+            if tp not in included:  # left out by the session: unchanged since it was last answered
+                last = self._answers.get(tp)
+                if last is not None:
+                    self._keep(tp, FetchAnswer(last.highwater, sent_ms))
+
+    def _keep(self, tp: Any, answer: FetchAnswer) -> None:
+        last = self._answers.get(tp)
+        if last is None or answer.sent_ms >= last.sent_ms:  # a fetch sent earlier, answered later, says less
+            self._answers[tp] = answer
+
+    def latest(self, tp: Any) -> FetchAnswer | None:
+        return self._answers.get(tp)

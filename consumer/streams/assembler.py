@@ -116,6 +116,7 @@ class Assembler(RebalanceListener):
             max_poll_records=500,
         )
         guard_membership(self.group)
+        self.clock.watch(self.group)
         self.group.subscribe([settings.topic], listener=self)
 
     def step(self) -> None:
@@ -345,8 +346,8 @@ class Assembler(RebalanceListener):
             return
         for task in self.tasks.values():
             tp = TopicPartition(self.settings.topic, task.partition)
-            end = self.group.highwater(tp)
-            end = task.highwater_seen if end is None else end  # dropped by `clock.probe`: the last answer
+            answer = self.clock.answer(task, self.group)
+            end = self.group.highwater(tp) if answer is None else answer.highwater
             position = self.clock.input_position(task, self.group)
             if end is not None and position is not None:
                 self.prometheus.set_lag(task.partition, end - position)

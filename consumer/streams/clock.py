@@ -2,28 +2,28 @@
 stream time, with Flink's watermarks across the repartition shuffle).
 
 A task's clock is the highest record timestamp it has read from its own input partition (never a routed event's:
-`Processor.repartitioned`), or the wall time at which a fetch answered after the
-last check found nothing left to read (`probe`); a lagging, paused or rebalancing task never makes its
-conversations idle, and a stale high watermark never passes for "caught up". Conversations with routed events
+`Processor.repartitioned`), or the wall time at which a fetch was sent that found nothing left to read (`probe`); a
+lagging, paused or rebalancing task never makes its conversations idle, and a stale high watermark never passes for
+"caught up". Conversations with routed events
 complete by the slowest other source, whose clock each task broadcasts through the repartition topic.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterable
 from typing import Any
 
 from ..kafka import KafkaConsumer, KafkaError, TopicPartition
-from ..kafka.highwater import forget_highwater, restore_highwater
+from ..kafka.highwater import FetchAnswer, FetchAnswers
 from . import records as R
 from .record_collector import RecordCollector
 from .task import Task, active
 
+logger = logging.getLogger("tracejudge.consumer.streams")
 FUTURE_SLACK_MS = 5 * 60 * 1000  # a record stamped further ahead than this (a producer's bad clock) is not believed
 WATERMARK_INTERVAL_S = 0.5
-ANSWER_WAIT_MS = 3_000  # no fetch answer for a dropped high watermark this long: an incremental session left it out
-FETCH_WAIT_MS = 1_000  # a fetch in flight when a high watermark is dropped was answered at most this long before
 
 
 def wall_ms() -> int:
@@ -68,6 +68,7 @@ class StreamClock:
         self._probes = _Every(WATERMARK_INTERVAL_S)
         self._watermarks = _Every(WATERMARK_INTERVAL_S)
         self._rounds = 0  # broadcasts so far: which source the single-source form carries (each in turn)
+        self._answers: FetchAnswers | None = None  # the group consumer's fetch answers (`watch`)
 
     def input_position(self, task: Task, group: KafkaConsumer) -> int | None:
         """The next input offset the task processes (the group consumer's position before it read anything)."""
@@ -78,12 +79,26 @@ class StreamClock:
         except Exception:
             return None
 
-    def _looks_caught_up(self, task: Task, group: KafkaConsumer, side: KafkaConsumer) -> bool:
-        """By the clients' last fetches (which may be stale): nothing left in the input or repartition partition."""
-        end = group.highwater(TopicPartition(self.topic, task.partition))
-        position = self.input_position(task, group)
-        if end is None or position is None or position < end:
-            return False
+    def watch(self, group: KafkaConsumer) -> None:
+        """Keep what the group consumer's fetches answer (`FetchAnswers`), from before its first fetch."""
+        self._answers = FetchAnswers.install(group)
+        if self._answers is None:
+            logger.warning(
+                "this kafka-python keeps its fetcher elsewhere: the stream clock trusts the last high watermark it"
+                " remembers, and a conversation may complete while a turn waits behind a rebalance (pin kafka-python"
+                " to the version in tracejudge's requirements)"
+            )
+
+    def answer(self, task: Task, group: KafkaConsumer) -> FetchAnswer | None:
+        """The high watermark the latest fetch of the task's input partition answered, and when that fetch was sent."""
+        tp = TopicPartition(self.topic, task.partition)
+        if self._answers is not None:
+            return self._answers.latest(tp)
+        end = group.highwater(tp)  # no way to tell when it was answered: taken as it is
+        return None if end is None else FetchAnswer(end, wall_ms())
+
+    def _repartition_read(self, task: Task, side: KafkaConsumer) -> bool:
+        """Nothing left in the task's repartition partition, by its consumer's last fetch."""
         try:
             side_end = side.highwater(TopicPartition(self.repartition, task.partition))
         except KafkaError:  # activated in this step: its repartition partition is assigned from the next one
@@ -91,37 +106,21 @@ class StreamClock:
         return side_end is None or task.repartition_position >= side_end
 
     def probe(self, tasks: Iterable[Task], group: KafkaConsumer, side: KafkaConsumer, *, force: bool = False) -> None:
-        """Every WATERMARK_INTERVAL_S (or at once: `force`): a task that looks caught up has the high watermark its
-        group consumer remembers dropped; once a fetch answered after that brings one back and it is still at the
-        task's position, nothing more was in the partition when it was dropped (less a fetch's wait: an answer in
-        flight then is older). While the consumer does not fetch (paused, rebalancing, its thread busy) no answer
-        comes, and the clock holds. An incremental fetch session (Apache Kafka) leaves an unchanged partition out of
-        its answers: past ANSWER_WAIT_MS without one, the last value comes back and counts as an answer (the clock
-        then trusts it, as any consumer reading its last fetch would). Where kafka-python keeps the value out of
-        reach, it is taken as it is."""
+        """Every WATERMARK_INTERVAL_S (or at once: `force`): a task whose input partition a fetch found read to the
+        end (the high watermark it answered at most the task's position) is caught up as of the time that fetch was
+        sent: everything written before then is read. While the consumer does not fetch (paused; rebalancing:
+        kafka-python fetches nothing until the join completes; its thread busy) no answer comes, and the clock
+        holds, however long; the high watermark kafka-python remembers from before is never taken for an answer
+        (it claimed a turn written during a rebalance read, and its conversation completed without it)."""
         if not self._probes.due(force=force):
             return
-        at = wall_ms()
         for task in active(tasks):
-            tp = TopicPartition(self.topic, task.partition)
+            answer = self.answer(task, group)
             position = self.input_position(task, group)
-            end = group.highwater(tp)
-            if end is None and task.highwater_dropped_ms is not None and task.highwater_seen is not None:
-                if at - task.highwater_dropped_ms >= ANSWER_WAIT_MS and restore_highwater(
-                    group, tp, task.highwater_seen
-                ):
-                    end = task.highwater_seen
-            if end is not None:
-                task.highwater_answered(end)
-            if task.highwater_dropped_ms is not None and end is not None and position is not None and end <= position:
-                task.caught_up(task.highwater_dropped_ms - FETCH_WAIT_MS)
-            if end is not None and self._looks_caught_up(task, group, side):
-                if forget_highwater(group, tp):
-                    task.highwater_dropped(at)
-                else:
-                    task.caught_up(at)
-            elif end is not None:
-                task.highwater_dropped(None)  # records still to read: no claim until caught up again
+            if answer is None or position is None or answer.highwater > position:
+                continue
+            if self._repartition_read(task, side):
+                task.caught_up(answer.sent_ms)
 
     def advance(self, tasks: Iterable[Task]) -> None:
         """Each active task's table to its clock: idle conversations complete (routed ones by the slowest source)."""

@@ -34,9 +34,7 @@ class Task:
     # broadcasts) and its conversations' clock. Never moved by routed events (they carry another partition's
     # time: taking theirs claimed input not yet read, tests/consumer/test_trace_keyed_windows.py) nor by wall time.
     watermark_ms: int = 0
-    caught_up_ms: int = 0  # wall time by which a fresh fetch found nothing in the input partition left to read
-    highwater_dropped_ms: int | None = None  # when the group consumer's remembered high watermark was dropped
-    highwater_seen: int | None = None  # the last high watermark a fetch answered (for the lag gauge)
+    caught_up_ms: int = 0  # wall time by which a fetch found nothing in the input partition left to read
     unflushed: dict[str, ConversationState | None] = field(default_factory=dict)
     # While restoring: the changelog's latest record per conversation (kind, value), decoded once at the end (a
     # state the changelog holds several times, not compacted yet, is read once).
@@ -72,15 +70,8 @@ class Task:
 
     # -- the clock's probe -----------------------------------------------------------------------------------------
 
-    def highwater_answered(self, end: int) -> None:
-        self.highwater_seen = end
-
-    def highwater_dropped(self, at_ms: int | None) -> None:
-        """The group consumer's remembered high watermark was dropped at `at_ms` (None: no claim pending)."""
-        self.highwater_dropped_ms = at_ms
-
     def caught_up(self, at_ms: int) -> None:
-        """A fresh fetch found the input read to its end as of wall time `at_ms`."""
+        """A fetch sent at wall time `at_ms` found the input read to its end."""
         if at_ms > self.caught_up_ms:
             self.caught_up_ms = at_ms
 
