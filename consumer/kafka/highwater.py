@@ -26,7 +26,6 @@ from .clients import KafkaClients
 from .quirks import is_tansu
 
 logger = logging.getLogger("tracejudge.consumer.kafka")
-THROTTLED_SESSION_ID = -1  # KIP-227: an empty answer to a fetch throttled by a quota
 
 
 class HighwaterProbe:
@@ -89,6 +88,14 @@ class FetchAnswer:
     sent_ms: int
 
 
+@dataclass(frozen=True, slots=True)
+class _Kept:
+    highwater: int
+    sent: float  # kafka-python's monotonic send time: answers are ordered by it, never by a wall clock that steps
+    node: Any
+    session: int
+
+
 class FetchAnswers:
     """What the latest fetch of a consumer answered for each partition it fetched, kept as each answer arrives (on
     kafka-python's IO thread). Installed over the fetcher's response handler (kafka-python, any broker): its own
@@ -96,13 +103,16 @@ class FetchAnswers:
     fetching (a rebalance: kafka-python fetches nothing until the join completes) still reports the old value as if
     it were current.
 
-    An incremental fetch session (KIP-227, Apache Kafka) leaves a partition out of an answer when nothing about it
-    changed since the session last reported it: its high watermark is the last one answered, as of this fetch. Tansu
-    answers full fetches (every partition, every time). An answer with an error, a throttled (empty) answer and a
-    failed fetch say nothing and are not kept."""
+    An incremental fetch session (KIP-227, Apache Kafka) leaves a partition out of an answer only when its high
+    watermark is the one the session last sent (no records, no error): the value kept from that session's last answer
+    stands, as of this fetch. That holds only if every answer of the session was kept: one that could not be read
+    forgets its partitions and makes the next fetch a full one. Tansu answers full fetches (every partition, every
+    time). A failed or throttled fetch, or a partition's error, says nothing about the partitions it left out."""
 
     def __init__(self) -> None:
-        self._answers: dict[Any, FetchAnswer] = {}
+        self._kept: dict[Any, _Kept] = {}
+        self._floor: dict[Any, float] = {}  # answers to fetches sent before this (monotonic) belong to an earlier owner
+        self._log = RateLimitedLog(logger, interval_s=60.0)
 
     @classmethod
     def install(cls, consumer: Any) -> FetchAnswers | None:
@@ -116,41 +126,64 @@ class FetchAnswers:
         def handle_fetch_response(node_id: Any, fetch_offsets: Any, send_time: float, response: Any) -> Any:
             result = handle(node_id, fetch_offsets, send_time, response)
             try:
-                answers.answered(fetch_offsets, send_time, response)
-            except Exception:  # never into kafka-python's IO loop: an answer not kept is a claim not made
-                pass
+                answers.answered(node_id, fetch_offsets, send_time, response)
+            except Exception as exc:  # never into kafka-python's IO loop
+                answers.unreadable(fetcher, node_id, fetch_offsets, exc)
             return result
 
         fetcher._handle_fetch_response = handle_fetch_response  # looked up per fetch sent: the instance's wins
         return answers
 
-    def answered(self, asked: Any, send_time: float, response: Any) -> None:
-        """A fetch of `asked` (the partitions of the fetch, sent at monotonic `send_time`) answered `response`."""
-        if getattr(response, "error_code", 0) or getattr(response, "throttle_time_ms", 0):
+    def answered(self, node: Any, asked: Any, send_time: float, response: Any) -> None:
+        """A fetch to `node` of `asked` (the partitions of the fetch, sent at monotonic `send_time`) answered."""
+        if getattr(response, "error_code", 0):
             return
         session = getattr(response, "session_id", 0)
-        if session == THROTTLED_SESSION_ID:
-            return
-        sent_ms = int((time.time() - (time.monotonic() - send_time)) * 1000)
         included: set[Any] = set()
         for topic_data in response.responses:
             for partition_data in topic_data.partitions:
                 tp = TopicPartition(topic_data.topic, partition_data.partition_index)
                 included.add(tp)
                 if partition_data.error_code == 0 and partition_data.high_watermark >= 0:
-                    self._keep(tp, FetchAnswer(partition_data.high_watermark, sent_ms))
-        if session <= 0 or not included <= set(asked):  # no session (all were answered), or an invalid answer
+                    self._keep(tp, _Kept(partition_data.high_watermark, send_time, node, session))
+                else:
+                    self._kept.pop(tp, None)  # the session answers it again once the error is gone
+        # A throttled fetch is answered empty (session -1, or none): what it left out was not looked at.
+        throttled = getattr(response, "throttle_time_ms", 0) > 0
+        if throttled or session <= 0 or not included <= set(asked):  # no session: all were answered; or not valid
             return
         for tp in asked:
-            if tp not in included:  # left out by the session: unchanged since it was last answered
-                last = self._answers.get(tp)
-                if last is not None:
-                    self._keep(tp, FetchAnswer(last.highwater, sent_ms))
+            last = self._kept.get(tp)
+            if tp not in included and last is not None and last.node == node and last.session == session:
+                self._keep(tp, _Kept(last.highwater, send_time, node, session))  # left out: unchanged
 
-    def _keep(self, tp: Any, answer: FetchAnswer) -> None:
-        last = self._answers.get(tp)
-        if last is None or answer.sent_ms >= last.sent_ms:  # a fetch sent earlier, answered later, says less
-            self._answers[tp] = answer
+    def unreadable(self, fetcher: Any, node: Any, asked: Any, exc: BaseException) -> None:
+        """An answer that could not be read: its partitions are forgotten (no claim from them), and the session's next
+        fetch is a full one, so that each is answered again (kafka-python's own step after a session error)."""
+        self.forget(asked)
+        try:
+            handler = fetcher._session_handlers[node]
+            handler.next_metadata = handler.next_metadata.next_close_existing()
+        except Exception:
+            pass
+        self._log.warning("a fetch answer could not be read (%r): its partitions wait for the next full fetch", exc)
+
+    def _keep(self, tp: Any, answer: _Kept) -> None:
+        last = self._kept.get(tp)
+        if answer.sent < self._floor.get(tp, float("-inf")):
+            return
+        if last is None or answer.sent >= last.sent:  # a fetch sent earlier, answered later (another broker), says less
+            self._kept[tp] = answer
+
+    def forget(self, partitions: Any) -> None:
+        """The partitions were (re)assigned or sought: answers to fetches sent before now are not about this reading."""
+        now = time.monotonic()
+        for tp in partitions:
+            self._floor[tp] = now
+            self._kept.pop(tp, None)
 
     def latest(self, tp: Any) -> FetchAnswer | None:
-        return self._answers.get(tp)
+        kept = self._kept.get(tp)
+        if kept is None:
+            return None
+        return FetchAnswer(kept.highwater, int((time.time() - (time.monotonic() - kept.sent)) * 1000))

@@ -116,7 +116,7 @@ class Assembler(RebalanceListener):
             max_poll_records=500,
         )
         guard_membership(self.group)
-        self.clock.watch(self.group)
+        self.clock.watch(self.group, self.side)
         self.group.subscribe([settings.topic], listener=self)
 
     def step(self) -> None:
@@ -199,6 +199,7 @@ class Assembler(RebalanceListener):
             return
         assert self.group is not None
         self.group.pause(*[TopicPartition(self.settings.topic, p) for p in mine])  # processed once restored
+        self.clock.forget(mine)  # the IO thread, as the answers: one kept from an earlier ownership is not this one's
         self._rebalances.put(("assigned", mine))
 
     async def on_partitions_revoked(self, revoked: Any) -> None:
@@ -272,6 +273,7 @@ class Assembler(RebalanceListener):
         self.side.assign(list(wanted))
         for tp in moved:
             self.side.seek(tp, wanted[tp])
+        self.clock.forget({tp.partition for tp in moved if tp.topic == self.topics.repartition}, side=True)
         self._side_assignment = set(wanted)
         self._side_owners = owners
 

@@ -24,6 +24,9 @@ from .task import Task, active
 logger = logging.getLogger("tracejudge.consumer.streams")
 FUTURE_SLACK_MS = 5 * 60 * 1000  # a record stamped further ahead than this (a producer's bad clock) is not believed
 WATERMARK_INTERVAL_S = 0.5
+# A record is stamped by its producer before it is written (linger, a retry): one stamped up to this long before a
+# fetch was sent may not have been in the partition yet. The end grace (--end-grace) covers longer delays.
+APPEND_SLACK_MS = 1_000
 
 
 def wall_ms() -> int:
@@ -69,6 +72,7 @@ class StreamClock:
         self._watermarks = _Every(WATERMARK_INTERVAL_S)
         self._rounds = 0  # broadcasts so far: which source the single-source form carries (each in turn)
         self._answers: FetchAnswers | None = None  # the group consumer's fetch answers (`watch`)
+        self._side_answers: FetchAnswers | None = None  # the side consumer's (repartition partitions)
 
     def input_position(self, task: Task, group: KafkaConsumer) -> int | None:
         """The next input offset the task processes (the group consumer's position before it read anything)."""
@@ -79,39 +83,45 @@ class StreamClock:
         except Exception:
             return None
 
-    def watch(self, group: KafkaConsumer) -> None:
-        """Keep what the group consumer's fetches answer (`FetchAnswers`), from before its first fetch."""
+    def watch(self, group: KafkaConsumer, side: KafkaConsumer) -> None:
+        """Keep what the group and side consumers' fetches answer (`FetchAnswers`), from before their first fetch."""
         self._answers = FetchAnswers.install(group)
-        if self._answers is None:
+        self._side_answers = FetchAnswers.install(side)
+        if self._answers is None or self._side_answers is None:
             logger.warning(
                 "this kafka-python keeps its fetcher elsewhere: the stream clock trusts the last high watermark it"
-                " remembers, and a conversation may complete while a turn waits behind a rebalance (pin kafka-python"
-                " to the version in tracejudge's requirements)"
+                " remembers, and a conversation may complete while a turn waits behind a rebalance (install the"
+                " kafka-python version tracejudge requires)"
             )
+
+    def forget(self, partitions: Iterable[int], *, side: bool = False) -> None:
+        """Input partitions assigned (or, `side`, repartition partitions sought): earlier answers are not theirs."""
+        if side and self._side_answers is not None:
+            self._side_answers.forget([TopicPartition(self.repartition, p) for p in partitions])
+        elif not side and self._answers is not None:
+            self._answers.forget([TopicPartition(self.topic, p) for p in partitions])
 
     def answer(self, task: Task, group: KafkaConsumer) -> FetchAnswer | None:
         """The high watermark the latest fetch of the task's input partition answered, and when that fetch was sent."""
-        tp = TopicPartition(self.topic, task.partition)
-        if self._answers is not None:
-            return self._answers.latest(tp)
-        end = group.highwater(tp)  # no way to tell when it was answered: taken as it is
+        return self._latest(self._answers, group, TopicPartition(self.topic, task.partition))
+
+    def _latest(self, answers: FetchAnswers | None, consumer: KafkaConsumer, tp: TopicPartition) -> FetchAnswer | None:
+        if answers is not None:
+            return answers.latest(tp)
+        try:
+            end = consumer.highwater(tp)  # no way to tell when it was answered: taken as it is
+        except KafkaError:  # not assigned (yet)
+            return None
         return None if end is None else FetchAnswer(end, wall_ms())
 
-    def _repartition_read(self, task: Task, side: KafkaConsumer) -> bool:
-        """Nothing left in the task's repartition partition, by its consumer's last fetch."""
-        try:
-            side_end = side.highwater(TopicPartition(self.repartition, task.partition))
-        except KafkaError:  # activated in this step: its repartition partition is assigned from the next one
-            return False
-        return side_end is None or task.repartition_position >= side_end
-
     def probe(self, tasks: Iterable[Task], group: KafkaConsumer, side: KafkaConsumer, *, force: bool = False) -> None:
-        """Every WATERMARK_INTERVAL_S (or at once: `force`): a task whose input partition a fetch found read to the
-        end (the high watermark it answered at most the task's position) is caught up as of the time that fetch was
-        sent: everything written before then is read. While the consumer does not fetch (paused; rebalancing:
-        kafka-python fetches nothing until the join completes; its thread busy) no answer comes, and the clock
-        holds, however long; the high watermark kafka-python remembers from before is never taken for an answer
-        (it claimed a turn written during a rebalance read, and its conversation completed without it)."""
+        """Every WATERMARK_INTERVAL_S (or at once: `force`): a task whose input and repartition partitions a fetch
+        each found read to the end (the high watermark it answered at most the task's position there) is caught up as
+        of the earlier of the times those fetches were sent, less APPEND_SLACK_MS. While a consumer does not fetch
+        (paused; rebalancing: kafka-python fetches nothing until the join completes; its thread busy) no answer
+        comes, and the clock holds, however long: the high watermark kafka-python remembers from before is never
+        taken for an answer (it claimed a turn written during a rebalance read, and its conversation completed
+        without it)."""
         if not self._probes.due(force=force):
             return
         for task in active(tasks):
@@ -119,8 +129,10 @@ class StreamClock:
             position = self.input_position(task, group)
             if answer is None or position is None or answer.highwater > position:
                 continue
-            if self._repartition_read(task, side):
-                task.caught_up(answer.sent_ms)
+            routed = self._latest(self._side_answers, side, TopicPartition(self.repartition, task.partition))
+            if routed is None or routed.highwater > task.repartition_position:
+                continue
+            task.caught_up(min(answer.sent_ms, routed.sent_ms) - APPEND_SLACK_MS)
 
     def advance(self, tasks: Iterable[Task]) -> None:
         """Each active task's table to its clock: idle conversations complete (routed ones by the slowest source)."""

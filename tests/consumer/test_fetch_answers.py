@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import time
 import uuid
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
+import tracejudge.consumer.kafka.highwater as highwater
 from tests.consumer.test_streams_clock import fetch_response
 from tracejudge.consumer.embedded_broker import EmbeddedBroker
 from tracejudge.consumer.kafka.highwater import FetchAnswers
@@ -70,26 +73,140 @@ def test_a_consumer_without_the_handler_is_not_watched() -> None:
     assert FetchAnswers.install(Elsewhere()) is None
 
 
-@pytest.mark.parametrize(
-    "top", [{"throttle_time_ms": 100}, {"error_code": 70}, {"session_id": -1}], ids=["throttled", "error", "quota"]
-)
-def test_a_throttled_or_failed_fetch_answers_nothing(top: dict[str, int]) -> None:
+TP = TopicPartition("spans", 0)
+SESSION = 7  # an Apache Kafka incremental fetch session
+
+
+@pytest.mark.parametrize("top", [{"throttle_time_ms": 100}, {"error_code": 70}], ids=["throttled", "error"])
+def test_a_throttled_or_failed_fetch_answers_nothing_about_what_it_left_out(top: dict[str, int]) -> None:
     """A fetch throttled by a quota answers empty; a failed session answers an error: neither says the partition is
     unchanged."""
     answers = FetchAnswers()
-    tp = TopicPartition("spans", 0)
-    answers.answered({tp: 0}, time.monotonic() - 5.0, fetch_response({0: 10}, session_id=7))
-    first = answers.latest(tp)
-    answers.answered({tp: 0}, time.monotonic(), fetch_response({}, **{"session_id": 7, **top}))
-    assert answers.latest(tp) == first
+    answers.answered(1, {TP: 0}, time.monotonic() - 5.0, fetch_response({0: 10}, session_id=SESSION))
+    first = answers.latest(TP)
+    answers.answered(
+        1,
+        {TP: 0},
+        time.monotonic(),
+        fetch_response(
+            {}, session_id=SESSION, throttle_time_ms=top.get("throttle_time_ms", 0), error_code=top.get("error_code", 0)
+        ),
+    )
+    assert answers.latest(TP) == first
 
 
 def test_an_answer_to_an_older_fetch_says_less_than_a_newer_one() -> None:
     """Two brokers (a leader moved): the fetch sent earlier may be answered later; the newer fetch's answer stands."""
     answers = FetchAnswers()
-    tp = TopicPartition("spans", 0)
     now = time.monotonic()
-    answers.answered({tp: 0}, now, fetch_response({0: 20}))
-    answers.answered({tp: 0}, now - 3.0, fetch_response({0: 12}))
-    answer = answers.latest(tp)
+    answers.answered(1, {TP: 0}, now, fetch_response({0: 20}))
+    answers.answered(2, {TP: 0}, now - 3.0, fetch_response({0: 12}))
+    answer = answers.latest(TP)
     assert answer is not None and answer.highwater == 20
+
+
+def test_only_the_session_that_answered_a_value_carries_it_over() -> None:
+    """Left out by another session (a new one after a reset, another broker's) says nothing about this value; a
+    partition's error forgets it until the session answers it again."""
+    answers = FetchAnswers()
+    answers.answered(1, {TP: 0}, time.monotonic() - 5.0, fetch_response({0: 10}, session_id=SESSION))
+    kept = answers.latest(TP)
+    answers.answered(1, {TP: 0}, time.monotonic(), fetch_response({}, session_id=SESSION + 1))
+    answers.answered(2, {TP: 0}, time.monotonic(), fetch_response({}, session_id=SESSION))
+    assert answers.latest(TP) == kept
+    failed = fetch_response({0: -1}, session_id=SESSION)
+    failed.responses[0].partitions[0].error_code = 6  # NOT_LEADER_OR_FOLLOWER
+    answers.answered(1, {TP: 0}, time.monotonic(), failed)
+    answers.answered(1, {TP: 0}, time.monotonic(), fetch_response({}, session_id=SESSION))
+    assert answers.latest(TP) is None
+
+
+def test_answers_are_ordered_by_when_they_were_sent_not_by_a_wall_clock_that_steps(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The host's wall clock stepped back a minute (NTP, a resumed VM) between two answers of one session: the newer
+    one (15) is kept, so the session leaving the partition out later means 15, never the older 10 (a task at 12
+    with 3 records unread would be claimed read). Found in review."""
+    wall = {"s": 1_000_000.0}
+    mono = {"s": 500.0}
+    monkeypatch.setattr(highwater, "time", SimpleNamespace(time=lambda: wall["s"], monotonic=lambda: mono["s"]))
+    answers = FetchAnswers()
+    answers.answered(1, {TP: 0}, mono["s"], fetch_response({0: 10}, session_id=SESSION))
+    wall["s"], mono["s"] = 1_000_000.0 - 59, 501.0
+    answers.answered(1, {TP: 10}, mono["s"], fetch_response({0: 15}, session_id=SESSION))
+    wall["s"], mono["s"] = 1_000_000.0 + 2, 562.0
+    answers.answered(1, {TP: 12}, mono["s"], fetch_response({}, session_id=SESSION))
+    latest = answers.latest(TP)
+    assert latest is not None and latest.highwater == 15
+    assert latest.sent_ms == int(wall["s"] * 1000)  # sent just now, as the wall clock reads now
+
+
+def test_an_answer_that_cannot_be_read_forgets_its_partitions_and_asks_for_a_full_fetch() -> None:
+    """An answer missed breaks "left out means unchanged": its partitions claim nothing until answered again, and
+    the session's next fetch is a full one (kafka-python's own step after a session error)."""
+    from kafka.consumer.fetcher import FetchMetadata
+
+    handler = SimpleNamespace(next_metadata=FetchMetadata(SESSION, 3))
+    fetcher = SimpleNamespace(
+        _handle_fetch_response=lambda node, asked, sent, response: None, _session_handlers={1: handler}
+    )
+    answers = FetchAnswers.install(SimpleNamespace(_fetcher=fetcher))
+    assert answers is not None
+    fetcher._handle_fetch_response(1, {TP: 0}, time.monotonic(), fetch_response({0: 10}, session_id=SESSION))
+    assert answers.latest(TP) is not None
+    fetcher._handle_fetch_response(1, {TP: 0}, time.monotonic(), object())  # not a fetch answer
+    assert answers.latest(TP) is None
+    assert handler.next_metadata.session_id == SESSION and handler.next_metadata.is_full
+
+
+def test_the_assembler_watches_its_consumers_fetches_before_it_subscribes(tmp_path: Path) -> None:
+    """Without `clock.watch` in `Assembler.open` the clock falls back to kafka-python's remembered high watermark
+    dated now: the bug this module fixes. Found in review: no other test would notice."""
+    from prometheus_client import CollectorRegistry
+
+    from tests.consumer.test_task_ownership import _Producer
+    from tracejudge.consumer.emit.prometheus import ConsumerInstruments
+    from tracejudge.consumer.kafka import KafkaClients
+    from tracejudge.consumer.settings import Settings
+    from tracejudge.consumer.streams.assembler import Assembler
+    from tracejudge.consumer.streams.instruments import StreamsInstruments
+
+    events: list[str] = []
+
+    class _Fetcher:
+        def _handle_fetch_response(self, node_id: object, asked: object, sent: float, response: object) -> None:
+            events.append("kafka-python handled")
+
+    class _Consumer:
+        def __init__(self, **config: object) -> None:
+            self._fetcher = _Fetcher()
+
+        def subscribe(self, topics: object, listener: object = None) -> None:
+            watched = "_handle_fetch_response" in vars(self._fetcher)  # the instance's handler: FetchAnswers'
+            events.append("subscribed watched" if watched else "subscribed unwatched")
+
+        def __getattr__(self, name: str) -> object:
+            return lambda *a, **k: None
+
+    registry = CollectorRegistry()
+    settings = Settings.from_options(topic="spans", group_id="g", state_dir=str(tmp_path))
+    assembler = Assembler(
+        settings,
+        ConsumerInstruments(registry),
+        StreamsInstruments(registry),
+        lambda job: True,
+        partitions=1,
+        clients=KafkaClients("localhost:9", consumer_factory=_Consumer, producer_factory=lambda **_: _Producer()),
+    )
+    assembler.open()
+    try:
+        assert isinstance(assembler.group, _Consumer) and isinstance(assembler.side, _Consumer)
+        for consumer, topic in ((assembler.group, "spans"), (assembler.side, "g-conversations-repartition")):
+            tp = TopicPartition(topic, 0)
+            consumer._fetcher._handle_fetch_response(1, {tp: 0}, time.monotonic(), fetch_response({0: 4}, topic=topic))
+        task = SimpleNamespace(partition=0)
+        answer = assembler.clock.answer(task, assembler.group)  # type: ignore[arg-type]
+        assert answer is not None and answer.highwater == 4
+        assert events == ["subscribed watched", "kafka-python handled", "kafka-python handled"]
+    finally:
+        assembler.collector.close(0)

@@ -20,7 +20,7 @@ from tracejudge.consumer.conversation.table import ConversationTable
 from tracejudge.consumer.emit.prometheus import ConsumerInstruments
 from tracejudge.consumer.kafka.topics import InternalTopics
 from tracejudge.consumer.streams import records as R
-from tracejudge.consumer.streams.clock import StreamClock, task_time
+from tracejudge.consumer.streams.clock import APPEND_SLACK_MS, StreamClock, task_time
 from tracejudge.consumer.streams.instruments import StreamsInstruments
 from tracejudge.consumer.streams.processor import Processor
 from tracejudge.consumer.streams.task import Task
@@ -64,27 +64,35 @@ def test_watermarks_and_verdicts_do_not_move_the_record_clock() -> None:
     assert task.table.open_count == 1  # its other turns may still be in the backlog
 
 
-def fetch_response(highwaters: dict[int, int], *, session_id: int = 0, **top: int) -> FetchResponse:
-    """A fetch answer as kafka-python decodes it: partition -> high watermark of topic "spans"."""
+def fetch_response(
+    highwaters: dict[int, int],
+    *,
+    session_id: int = 0,
+    topic: str = "spans",
+    throttle_time_ms: int = 0,
+    error_code: int = 0,
+) -> FetchResponse:
+    """A fetch answer as kafka-python decodes it: partition -> high watermark of `topic`."""
     partitions = [
         FetchResponse.FetchableTopicResponse.PartitionData(partition_index=p, error_code=0, high_watermark=hw)
         for p, hw in highwaters.items()
     ]
     return FetchResponse(
         version=12,
-        throttle_time_ms=top.get("throttle_time_ms", 0),
-        error_code=top.get("error_code", 0),
+        throttle_time_ms=throttle_time_ms,
+        error_code=error_code,
         session_id=session_id,
-        responses=[FetchResponse.FetchableTopicResponse(topic="spans", partitions=partitions)] if partitions else [],
+        responses=[FetchResponse.FetchableTopicResponse(topic=topic, partitions=partitions)] if partitions else [],
     )
 
 
 class _Consumer:
-    """A group consumer: kafka-python's remembered high watermark, and its fetcher's answer handler (what
-    `FetchAnswers` watches)."""
+    """A consumer: kafka-python's remembered high watermark, and its fetcher's answer handler (what `FetchAnswers`
+    watches)."""
 
-    def __init__(self, highwater: int | None) -> None:
+    def __init__(self, highwater: int | None, topic: str = "spans") -> None:
         self.remembered = highwater
+        self.topic = topic
         self._fetcher = SimpleNamespace(_handle_fetch_response=lambda node, asked, sent, response: None)
 
     def highwater(self, tp: object) -> int | None:
@@ -93,8 +101,8 @@ class _Consumer:
     def answer(self, highwater: int | None, *, sent: float | None = None, session_id: int = 0) -> None:
         """A fetch of partition 0, sent at monotonic `sent` (now), answered: `None` leaves it out (an incremental
         session: unchanged)."""
-        asked = {TopicPartition("spans", 0): 0}
-        response = fetch_response({} if highwater is None else {0: highwater}, session_id=session_id)
+        asked = {TopicPartition(self.topic, 0): 0}
+        response = fetch_response({} if highwater is None else {0: highwater}, session_id=session_id, topic=self.topic)
         self._fetcher._handle_fetch_response(1, asked, time.monotonic() if sent is None else sent, response)
 
 
@@ -103,8 +111,8 @@ class _Thread:
 
     def __init__(self, task: Task, group: _Consumer) -> None:
         self.clock = StreamClock("spans", "g-repartition", 1)
-        self.clock.watch(group)  # type: ignore[arg-type]
-        self.task, self.group, self.side = task, group, _Consumer(None)
+        self.task, self.group, self.side = task, group, _Consumer(None, "g-repartition")
+        self.clock.watch(group, self.side)  # type: ignore[arg-type]
 
 
 def _assembler() -> tuple[_Thread, Task, _Consumer]:
@@ -114,7 +122,11 @@ def _assembler() -> tuple[_Thread, Task, _Consumer]:
     return _Thread(task, group), task, group
 
 
-def _check(assembler: _Thread) -> None:
+def _check(assembler: _Thread, *, routed: int | None = 0) -> None:
+    """The clock's probe, the repartition partition answered read to the end just now (`routed`: its end; None: no
+    answer)."""
+    if routed is not None:
+        assembler.side.answer(routed)
     assembler.clock.probe([assembler.task], assembler.group, assembler.side, force=True)  # type: ignore[arg-type]
 
 
@@ -135,11 +147,38 @@ def test_a_remembered_high_watermark_never_lets_wall_time_run(monkeypatch: pytes
 
 def test_a_fetch_answered_at_the_position_moves_the_clock_to_when_it_was_sent() -> None:
     assembler, task, group = _assembler()
-    before = int(time.time() * 1000) - 2_000
+    before = int(time.time() * 1000) - 2_000 - APPEND_SLACK_MS
     group.answer(10, sent=time.monotonic() - 2.0)  # sent two seconds ago, answered now: still at the position
     _check(assembler)
     clock = task_time(task, int(time.time() * 1000))
     assert before - 50 <= clock <= before + 50  # when it was sent: what was written since is not claimed read
+
+
+def test_the_repartition_partition_unread_or_unanswered_claims_nothing() -> None:
+    """Events routed here and not read yet, or no answer yet from the repartition partition's consumer (just
+    sought): the input read to its end is not enough."""
+    assembler, task, group = _assembler()
+    group.answer(10)
+    _check(assembler, routed=3)  # 3 routed records not read
+    assert task_time(task, int(time.time() * 1000)) == task.watermark_ms
+    assembler.clock.forget([0], side=True)  # sought again: the earlier answers are not about this reading
+    _check(assembler, routed=None)
+    assert task_time(task, int(time.time() * 1000)) == task.watermark_ms
+    task.repartition_read(3)
+    _check(assembler, routed=3)
+    assert task_time(task, int(time.time() * 1000)) > task.watermark_ms
+
+
+def test_an_answer_from_before_the_partition_was_assigned_again_is_not_this_assignments() -> None:
+    """Lost at offset 10, assigned again after another owner committed 20: the answer kept from before says
+    nothing (a lag gauge read 10 - 20), until this assignment's first fetch answers."""
+    assembler, task, group = _assembler()
+    group.answer(10, sent=time.monotonic() - 30.0)
+    assembler.clock.forget([0])  # assigned again
+    assert assembler.clock.answer(task, group) is None  # type: ignore[arg-type]
+    group.answer(20)
+    answer = assembler.clock.answer(task, group)  # type: ignore[arg-type]
+    assert answer is not None and answer.highwater == 20
 
 
 def test_an_answer_with_more_records_keeps_record_time() -> None:
@@ -153,7 +192,7 @@ def test_an_incremental_session_leaving_the_partition_out_answers_it_unchanged()
     """Apache Kafka's incremental fetch session leaves out a partition with nothing new: the last high watermark
     stands, as of that fetch. Without a session (Tansu) a partition left out says nothing."""
     assembler, task, group = _assembler()
-    five_ago = int(time.time() * 1000) - 5_000
+    five_ago = int(time.time() * 1000) - 5_000 - APPEND_SLACK_MS
     group.answer(15, sent=time.monotonic() - 5.0, session_id=7)  # 5 records to read
     _check(assembler)
     assert task_time(task, int(time.time() * 1000)) == task.watermark_ms
@@ -163,7 +202,7 @@ def test_an_incremental_session_leaving_the_partition_out_answers_it_unchanged()
     group.answer(None, sent=time.monotonic() - 1.0, session_id=0)  # no session: left out says nothing
     _check(assembler)
     assert five_ago - 50 <= task_time(task, int(time.time() * 1000)) <= five_ago + 50
-    one_ago = int(time.time() * 1000) - 1_000
+    one_ago = int(time.time() * 1000) - 1_000 - APPEND_SLACK_MS
     group.answer(None, sent=time.monotonic() - 1.0, session_id=7)  # the session: unchanged, still 15
     _check(assembler)
     assert one_ago - 50 <= task_time(task, int(time.time() * 1000)) <= one_ago + 50
