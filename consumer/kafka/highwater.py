@@ -12,6 +12,7 @@ sent."""
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -109,9 +110,11 @@ class FetchAnswers:
     forgets its partitions and makes the next fetch a full one. Tansu answers full fetches (every partition, every
     time). A failed or throttled fetch, or a partition's error, says nothing about the partitions it left out."""
 
-    def __init__(self) -> None:
+    def __init__(self, fetcher: Any = None) -> None:
+        self._fetcher = fetcher
         self._kept: dict[Any, _Kept] = {}
         self._floor: dict[Any, float] = {}  # answers to fetches sent before this (monotonic) belong to an earlier owner
+        self._lock = threading.Lock()  # answers come on the IO thread; a seek's `forget` on the stream thread
         self._log = RateLimitedLog(logger, interval_s=60.0)
 
     @classmethod
@@ -121,14 +124,18 @@ class FetchAnswers:
         handle = getattr(fetcher, "_handle_fetch_response", None)
         if fetcher is None or handle is None:
             return None
-        answers = cls()
+        answers = cls(fetcher)
 
         def handle_fetch_response(node_id: Any, fetch_offsets: Any, send_time: float, response: Any) -> Any:
-            result = handle(node_id, fetch_offsets, send_time, response)
+            try:
+                result = handle(node_id, fetch_offsets, send_time, response)
+            except BaseException as exc:  # its session may have taken the answer: what it left out is unknown
+                answers.unreadable(node_id, fetch_offsets, exc)
+                raise
             try:
                 answers.answered(node_id, fetch_offsets, send_time, response)
             except Exception as exc:  # never into kafka-python's IO loop
-                answers.unreadable(fetcher, node_id, fetch_offsets, exc)
+                answers.unreadable(node_id, fetch_offsets, exc)
             return result
 
         fetcher._handle_fetch_response = handle_fetch_response  # looked up per fetch sent: the instance's wins
@@ -136,6 +143,10 @@ class FetchAnswers:
 
     def answered(self, node: Any, asked: Any, send_time: float, response: Any) -> None:
         """A fetch to `node` of `asked` (the partitions of the fetch, sent at monotonic `send_time`) answered."""
+        with self._lock:
+            self._answered(node, asked, send_time, response)
+
+    def _answered(self, node: Any, asked: Any, send_time: float, response: Any) -> None:
         if getattr(response, "error_code", 0):
             return
         session = getattr(response, "session_id", 0)
@@ -157,16 +168,20 @@ class FetchAnswers:
             if tp not in included and last is not None and last.node == node and last.session == session:
                 self._keep(tp, _Kept(last.highwater, send_time, node, session))  # left out: unchanged
 
-    def unreadable(self, fetcher: Any, node: Any, asked: Any, exc: BaseException) -> None:
-        """An answer that could not be read: its partitions are forgotten (no claim from them), and the session's next
-        fetch is a full one, so that each is answered again (kafka-python's own step after a session error)."""
+    def unreadable(self, node: Any, asked: Any, exc: BaseException) -> None:
+        """An answer that could not be read: its partitions are forgotten (no claim from them) until the next fetch,
+        a full one, answers them again."""
         self.forget(asked)
-        try:
-            handler = fetcher._session_handlers[node]
-            handler.next_metadata = handler.next_metadata.next_close_existing()
-        except Exception:
-            pass
         self._log.warning("a fetch answer could not be read (%r): its partitions wait for the next full fetch", exc)
+
+    def _full_fetches(self) -> None:
+        """Every session's next fetch a full one (kafka-python's own step after a session error): a forgotten
+        partition left out as unchanged would never be answered again while nothing is written to it."""
+        try:
+            for handler in self._fetcher._session_handlers.values():
+                handler.next_metadata = handler.next_metadata.next_close_existing()
+        except Exception:  # a kafka-python without sessions answers in full anyway
+            pass
 
     def _keep(self, tp: Any, answer: _Kept) -> None:
         last = self._kept.get(tp)
@@ -177,10 +192,12 @@ class FetchAnswers:
 
     def forget(self, partitions: Any) -> None:
         """The partitions were (re)assigned or sought: answers to fetches sent before now are not about this reading."""
-        now = time.monotonic()
-        for tp in partitions:
-            self._floor[tp] = now
-            self._kept.pop(tp, None)
+        with self._lock:
+            now = time.monotonic()
+            for tp in partitions:
+                self._floor[tp] = now
+                self._kept.pop(tp, None)
+            self._full_fetches()
 
     def latest(self, tp: Any) -> FetchAnswer | None:
         kept = self._kept.get(tp)

@@ -161,11 +161,11 @@ def test_the_repartition_partition_unread_or_unanswered_claims_nothing() -> None
     group.answer(10)
     _check(assembler, routed=3)  # 3 routed records not read
     assert task_time(task, int(time.time() * 1000)) == task.watermark_ms
+    task.repartition_read(3)  # read: the answer kept (3) would now do
     assembler.clock.forget([0], side=True)  # sought again: the earlier answers are not about this reading
     _check(assembler, routed=None)
     assert task_time(task, int(time.time() * 1000)) == task.watermark_ms
-    task.repartition_read(3)
-    _check(assembler, routed=3)
+    _check(assembler, routed=3)  # this reading's first answer
     assert task_time(task, int(time.time() * 1000)) > task.watermark_ms
 
 
