@@ -212,14 +212,7 @@ def test_an_answer_kafka_python_failed_to_handle_breaks_no_carry_over() -> None:
 def test_the_assembler_watches_its_consumers_fetches_before_it_subscribes(tmp_path: Path) -> None:
     """Without `clock.watch` in `Assembler.open` the clock falls back to kafka-python's remembered high watermark
     dated now: the bug this module fixes. Found in review: no other test would notice."""
-    from prometheus_client import CollectorRegistry
-
-    from tests.consumer.test_task_ownership import _Producer
-    from tracejudge.consumer.emit.prometheus import ConsumerInstruments
-    from tracejudge.consumer.kafka import KafkaClients
-    from tracejudge.consumer.settings import Settings
-    from tracejudge.consumer.streams.assembler import Assembler
-    from tracejudge.consumer.streams.instruments import StreamsInstruments
+    from tests.consumer.test_task_ownership import new_assembler
 
     events: list[str] = []
 
@@ -238,16 +231,7 @@ def test_the_assembler_watches_its_consumers_fetches_before_it_subscribes(tmp_pa
         def __getattr__(self, name: str) -> object:
             return lambda *a, **k: None
 
-    registry = CollectorRegistry()
-    settings = Settings.from_options(topic="spans", group_id="g", state_dir=str(tmp_path))
-    assembler = Assembler(
-        settings,
-        ConsumerInstruments(registry),
-        StreamsInstruments(registry),
-        lambda job: True,
-        partitions=1,
-        clients=KafkaClients("localhost:9", consumer_factory=_Consumer, producer_factory=lambda **_: _Producer()),
-    )
+    assembler = new_assembler(tmp_path, partitions=1, consumer_factory=_Consumer)
     assembler.open()
     try:
         assert isinstance(assembler.group, _Consumer) and isinstance(assembler.side, _Consumer)

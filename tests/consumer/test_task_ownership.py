@@ -83,17 +83,24 @@ class _Side:
         return self.ends.get(tp.partition)
 
 
-def assembler(tmp_path: Path) -> Assembler:
+def new_assembler(tmp_path: Path, *, partitions: int = 2, consumer_factory: Any = None) -> Assembler:
+    """An assembler over topic "spans" and group "g", its producer a stand-in (`consumer_factory`: its consumers)."""
     registry = CollectorRegistry()
     settings = Settings.from_options(topic="spans", group_id="g", state_dir=str(tmp_path))
-    asm = Assembler(
+    return Assembler(
         settings,
         ConsumerInstruments(registry),
         StreamsInstruments(registry),
         lambda job: True,
-        partitions=2,
-        clients=KafkaClients("localhost:9", producer_factory=lambda **_: _Producer()),
+        partitions=partitions,
+        clients=KafkaClients(
+            "localhost:9", consumer_factory=consumer_factory, producer_factory=lambda **_: _Producer()
+        ),
     )
+
+
+def assembler(tmp_path: Path) -> Assembler:
+    asm = new_assembler(tmp_path)
     asm.collector.open()
     asm.group = _Group()  # type: ignore[assignment]
     asm.side = _Side({})  # type: ignore[assignment]
