@@ -4,8 +4,8 @@ stream time, with Flink's watermarks across the repartition shuffle).
 A task's clock is the highest record timestamp it has read from its own input partition (never a routed event's:
 `Processor.repartitioned`), or the wall time at which a fetch was sent that found nothing left to read (`probe`); a
 lagging, paused or rebalancing task never makes its conversations idle, and a stale high watermark never passes for
-"caught up". Conversations with routed events
-complete by the slowest other source, whose clock each task broadcasts through the repartition topic.
+"caught up". Conversations with routed events complete by the slowest other source, whose clock each task broadcasts
+through the repartition topic.
 """
 
 from __future__ import annotations
