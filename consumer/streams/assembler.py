@@ -347,10 +347,8 @@ class Assembler(RebalanceListener):
         if not lag or self.group is None:
             return
         for task in self.tasks.values():
-            tp = TopicPartition(self.settings.topic, task.partition)
-            answer = self.clock.answer(task, self.group)
-            end = self.group.highwater(tp) if answer is None else answer.highwater
+            answer = self.clock.answer(task, self.group)  # none yet in this assignment: no lag reported
             position = self.clock.input_position(task, self.group)
-            if end is not None and position is not None:
-                self.prometheus.set_lag(task.partition, end - position)
+            if answer is not None and position is not None:
+                self.prometheus.set_lag(task.partition, answer.highwater - position)
                 self._lag_reported.add(task.partition)
