@@ -21,6 +21,7 @@ out) for role `all` with sample rate 0. It includes what completion waits for: t
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import threading
 import time
@@ -58,6 +59,9 @@ ALL = "tracejudge consume --role all (sample rate 0)"
 # completion tail (end markers waiting `end_grace` and the routed watermarks, the sampled-out outcomes' round trip),
 # which a finite input pays once and a live stream never waits for.
 ALL_READ = "same runs, to the last record read and routed"
+# ALL with `--producer-client librdkafka`: the internal topics written by librdkafka (if confluent-kafka is here).
+ALL_RDK = "consume --role all, librdkafka producer"
+ALL_RDK_READ = "same runs (librdkafka producer), to the last record read"
 
 
 def turn_batch(tracer: Any, cid: str, t: int) -> list[Any]:
@@ -237,6 +241,7 @@ def tracejudge_consumer(
     timeout_s: float = 600,
     *,
     reads: tuple[int, list[float]] | None = None,
+    producer_client: str = "kafka-python",
 ) -> float:
     """Seconds from the first record to the barrier; `reads` (records, times): the time at which that many input
     records were read and routed is appended to times."""
@@ -250,6 +255,7 @@ def tracejudge_consumer(
         session_idle_timeout=600,
         end_grace=END_GRACE_S,
         kafka_config={"session_timeout_ms": 6000, "heartbeat_interval_ms": 1000},
+        producer_client=producer_client,
     )
     service = ConsumerService(settings, [], ConsumerInstruments(CollectorRegistry()))
     thread = threading.Thread(target=service.run, name="bench-consumer", daemon=True)
@@ -311,8 +317,15 @@ def run(conversations: int = 20_000, rounds: int = 5, with_assemble: bool = Fals
             variants[ALL] = lambda t=topic, c=count, n=records, r=read_times: tracejudge_consumer(  # type: ignore[misc]
                 bootstrap, t, c, "all", reads=(n, r)
             )
+            rdk_read_times: list[float] = []
+            if importlib.util.find_spec("confluent_kafka") is not None:
+                variants[ALL_RDK] = lambda t=topic, c=count, n=records, r=rdk_read_times: tracejudge_consumer(  # type: ignore[misc]
+                    bootstrap, t, c, "all", reads=(n, r), producer_client="librdkafka"
+                )
             figures = alternate(variants, rounds)
             figures[ALL_READ] = Figure(ALL_READ, read_times, "s")
+            if rdk_read_times:
+                figures[ALL_RDK_READ] = Figure(ALL_RDK_READ, rdk_read_times, "s")
             bare = figures[BARE].median
             spans = records + count  # the records' spans and the end markers
             out["inputs"][keyed_by] = {

@@ -25,6 +25,7 @@ from tracejudge.consumer.embedded_broker import EmbeddedBroker
 
 QUIX = "Quix Streams (read_events → keyed state + changelog → outcome topic)"
 OURS = "tracejudge consume --role all (1 replica, sample rate 0)"
+OURS_RDK = "the same, --producer-client librdkafka (the internal topics written by librdkafka)"
 
 
 def _create_topic(bootstrap: str, topic: str) -> None:
@@ -145,16 +146,21 @@ def run(conversations: int = 4_000, rounds: int = 2) -> dict[str, Any]:
         topic = f"peer-conversation-{uuid.uuid4().hex[:6]}"
         _create_topic(bootstrap, topic)
         records = produce(bootstrap, topic, conversations, "conversation")
-        figures: dict[str, list[dict[str, Any]]] = {QUIX: [], OURS: []}
-        for _ in range(rounds):  # alternating, so a shared host's busy minute falls on both
+        figures: dict[str, list[dict[str, Any]]] = {QUIX: [], OURS: [], OURS_RDK: []}
+        for _ in range(rounds):  # alternating, so a shared host's busy minute falls on each
             figures[QUIX].append(quix_run(bootstrap, pid, topic, conversations, records))
             figures[OURS].append(replicas_run(bootstrap, pid, topic, conversations, records, 1))
+            figures[OURS_RDK].append(
+                replicas_run(bootstrap, pid, topic, conversations, records, 1, producer_client="librdkafka")
+            )
     out["records"] = records
     best = {name: min(runs, key=lambda r: r["cpu_s_per_1000_records"]) for name, runs in figures.items()}
     out["runs"] = figures
     out["best"] = best
     out["ours_vs_quix_cpu"] = best[QUIX]["cpu_s_per_1000_records"] / best[OURS]["cpu_s_per_1000_records"]
     out["ours_vs_quix_rate"] = best[OURS]["records_per_s"] / best[QUIX]["records_per_s"]
+    out["ours_librdkafka_vs_quix_cpu"] = best[QUIX]["cpu_s_per_1000_records"] / best[OURS_RDK]["cpu_s_per_1000_records"]
+    out["ours_librdkafka_vs_quix_rate"] = best[OURS_RDK]["records_per_s"] / best[QUIX]["records_per_s"]
     return out
 
 

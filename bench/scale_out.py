@@ -114,10 +114,12 @@ def replicas_run(
     n: int,
     profile: Path | None = None,
     fill: Callable[[], object] | None = None,
+    producer_client: str = "kafka-python",
 ) -> dict[str, Any]:
     """N replicas from their first record to every conversation's outcome; `profile`: py-spy's raw samples of the
     first replica over that window, written there. `fill`: the topic is empty and `fill` writes its records once
-    the group has formed, so the window holds no rebalance (else the replicas join while the first reads)."""
+    the group has formed, so the window holds no rebalance (else the replicas join while the first reads).
+    `producer_client`: the replicas' `--producer-client`."""
     group = f"scale-{uuid.uuid4().hex[:6]}"
     ports = [free_port() for _ in range(n)]
     logs = Path(tempfile.mkdtemp(prefix="scale-out-"))
@@ -152,6 +154,8 @@ def replicas_run(
                 "session_timeout_ms=6000",
                 "--kafka-config",
                 "heartbeat_interval_ms=1000",
+                "--producer-client",
+                producer_client,
             ],
             stdout=subprocess.DEVNULL,
             stderr=(logs / f"{port}.log").open("wb"),

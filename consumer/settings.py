@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import re
 from typing import Annotated, Any, Literal
@@ -12,6 +13,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from tracejudge._shared.kafka_options import DECIDED_OPTIONS, check_kafka_options
 
 from .kafka.clients import consumer_options, known_options, producer_options
+from .kafka.rdkafka import rdkafka_config
 
 KNOWN_METRICS = ("failure_rate", "conversational_flow")  # the built-in judges; --judge-file adds the team's
 
@@ -240,6 +242,14 @@ class Settings(BaseSettings):
         metavar="KEY=VALUE",
         repeatable=True,
         group=KAFKA,
+    )
+    producer_client: Literal["kafka-python", "librdkafka"] = _env(
+        "TRACEJUDGE_PRODUCER_CLIENT",
+        "kafka-python",
+        "the library that writes the internal topics (repartition, changelog, judge queue): librdkafka "
+        "(confluent-kafka, the `librdkafka` extra) takes that work off the interpreter",
+        group=KAFKA,
+        see="benchmarks.md#a-librdkafka-producer-for-the-internal-topics",
     )
     replication_factor: int | None = _env(
         "TRACEJUDGE_REPLICATION_FACTOR",
@@ -775,6 +785,10 @@ class Settings(BaseSettings):
                 raise ValueError(f"{name} must be positive")
         if self.end_grace < 0:
             raise ValueError("end_grace must not be negative")
+        if self.producer_client == "librdkafka":
+            if importlib.util.find_spec("confluent_kafka") is None:
+                raise ValueError("producer_client librdkafka needs confluent-kafka: install tracejudge[librdkafka]")
+            rdkafka_config(producer_options(self.kafka_config))  # an option it has no equivalent of, named
         if self.judge_batch_wait < 0:
             raise ValueError("judge_batch_wait must not be negative")
         if self.max_requests_per_minute is not None and self.max_requests_per_minute <= 0:

@@ -21,6 +21,7 @@ BOOTSTRAP_TIMEOUT_MS = 5_000
 # After a broker outage clients reconnect within a second, as the Java clients do (kafka-python backs off up to
 # 30 s, which kept a consumer idle for half a minute after its broker came back).
 RECONNECT_BACKOFF_MAX_MS = 1_000
+KAFKA_PYTHON, LIBRDKAFKA = "kafka-python", "librdkafka"  # the producer libraries (`--producer-client`)
 CLIENT_DEFAULTS: dict[str, Any] = {
     "bootstrap_timeout_ms": BOOTSTRAP_TIMEOUT_MS,
     "reconnect_backoff_max_ms": RECONNECT_BACKOFF_MAX_MS,
@@ -134,7 +135,9 @@ class KafkaClients:
             config["group_instance_id"] = instance_id
         return self._build(self.consumer_factory, config)
 
-    def producer(self, client_id: str, **overrides: Any) -> Any:
+    def producer(self, client_id: str, *, library: str = KAFKA_PYTHON, **overrides: Any) -> Any:
+        """A producer; `library` "librdkafka" makes it confluent-kafka's (`rdkafka.RdKafkaProducer`) unless a test
+        passed its own factory."""
         config = {
             "acks": "all",
             **overrides,
@@ -142,6 +145,10 @@ class KafkaClients:
             "bootstrap_servers": self.bootstrap_servers,
             "client_id": client_id,
         }
+        if library == LIBRDKAFKA and self._factories[1] is None:
+            from .rdkafka import RdKafkaProducer
+
+            return RdKafkaProducer(**config)
         return self._build(self.producer_factory, config)
 
     @contextmanager
@@ -160,6 +167,9 @@ def close_now(producer: Any) -> None:
     """Close a producer without waiting for what it holds: its unsent batches fail (their errbacks run, so the owner
     sends them again). kafka-python's `close(timeout=0)` flushes first and raises while anything is in flight,
     leaving the producer, its thread and sockets alive; its sender is force-closed first (Java's `close(0)`)."""
+    if callable(getattr(producer, "force_close", None)):  # rdkafka.RdKafkaProducer
+        producer.force_close()
+        return
     sender = getattr(producer, "_sender", None)
     if sender is not None and hasattr(sender, "force_close"):
         sender.force_close()

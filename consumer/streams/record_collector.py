@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import queue
+from collections.abc import Callable
 from typing import Any
 
 from tracejudge._shared.rate_limited_log import RateLimitedLog
@@ -46,6 +47,7 @@ class RecordCollector:
         self.clients = clients
         self.producer: KafkaProducer | None = None
         self._wakeup: DeferredWakeup | None = None
+        self._serve: Callable[[], None] | None = None
         self.dead_letter: KafkaWriter | None = None
         self._failed = False
         # The producer's answers, queued on its sender thread: (task, next changelog offset acknowledged) and
@@ -63,6 +65,8 @@ class RecordCollector:
     def answers(self) -> None:
         """The producer's answers so far, applied on the stream thread: each acknowledged changelog offset to its
         task, each failure of the current producer remembered (a renewed producer's were recovered from)."""
+        if self._serve is not None:
+            self._serve()
         while not self._acks.empty():
             task, offset = self._acks.get_nowait()
             task.acknowledged(offset)
@@ -86,8 +90,15 @@ class RecordCollector:
     def _new_producer(self) -> KafkaProducer:
         # Large batches: a commit writes its changed conversations in a burst, and kafka-python wakes its sender
         # each time a send opens a new batch (per record, with 2 KiB states in the default 16 KiB batches).
-        producer = self.clients.producer("tracejudge-state", acks="all", linger_ms=5, batch_size=PRODUCER_BATCH_BYTES)
+        producer = self.clients.producer(
+            "tracejudge-state",
+            library=self.settings.producer_client,
+            acks="all",
+            linger_ms=5,
+            batch_size=PRODUCER_BATCH_BYTES,
+        )
         self._wakeup = DeferredWakeup.install(producer)
+        self._serve = getattr(producer, "serve", None)  # librdkafka answers inside its poll, on this thread
         return producer
 
     def renew(self) -> None:

@@ -46,7 +46,11 @@ def at_ends(committed: dict[int, int], end: dict[int, int]) -> bool:
     return bool(committed) and all(offset == end.get(p, 0) for p, offset in committed.items())
 
 
-def test_five_kill_9s_lose_nothing(broker: EmbeddedBroker, topic: str, judge_server: JudgeServer) -> None:
+# The stream thread's writes (changelog, judge queue) through either producer library (--producer-client).
+@pytest.mark.parametrize("producer_client", ["kafka-python", "librdkafka"])
+def test_five_kill_9s_lose_nothing(
+    broker: EmbeddedBroker, topic: str, judge_server: JudgeServer, producer_client: str
+) -> None:
     judge_server.responder = scripted_judge
     results, group = f"{topic}-results", f"crash-{uuid.uuid4().hex[:6]}"
     queue, judges = f"{group}-judge-queue", f"{group}-judges"  # the judge worker's topic and group
@@ -71,7 +75,9 @@ def test_five_kill_9s_lose_nothing(broker: EmbeddedBroker, topic: str, judge_ser
     rng = random.Random(20261130)
     thresholds = sorted(rng.sample(range(100, CONVERSATIONS - 200), KILLS))
     kills: list[tuple[float, dict[int, int], dict[int, int]]] = []
-    process = consumer_process(broker, topic, group, results, TRACEJUDGE_MAX_CONCURRENCY="16")
+    process = consumer_process(
+        broker, topic, group, results, TRACEJUDGE_MAX_CONCURRENCY="16", TRACEJUDGE_PRODUCER_CLIENT=producer_client
+    )
     try:
         for threshold in thresholds:
             wait_for(lambda t=threshold: len(judged()) >= t, timeout=180, what=f"{threshold} conversations judged")
@@ -85,7 +91,14 @@ def test_five_kill_9s_lose_nothing(broker: EmbeddedBroker, topic: str, judge_ser
                     committed_offsets(broker.bootstrap_servers, queue, judges),
                 )
             )
-            process = consumer_process(broker, topic, group, results, TRACEJUDGE_MAX_CONCURRENCY="16")
+            process = consumer_process(
+                broker,
+                topic,
+                group,
+                results,
+                TRACEJUDGE_MAX_CONCURRENCY="16",
+                TRACEJUDGE_PRODUCER_CLIENT=producer_client,
+            )
         producer.join(120)
         wait_for(lambda: len(judged()) == CONVERSATIONS, timeout=300, what="every conversation judged")
         # Conversations judged before a kill whose results were not yet durable are judged again. Barrier: every
