@@ -12,12 +12,20 @@ import argparse
 import difflib
 import os
 import sys
+import textwrap
 from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError, version
 
 from . import backfill, broker, calibrate, compare, demo, explain, export, modes, rejudge, watch
 from .consume import calibration_refused, run_consume
 from .options import EXIT_USAGE, add_consumer_flags, settings_from_args
+
+
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Lines broken at spaces only: a default such as `kafka-python` or a flag stays whole."""
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
 
 
 def run_demo(namespace: argparse.Namespace) -> int:
@@ -53,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
         "until SIGTERM or SIGINT.",
         usage="%(prog)s [OPTION ...]",
         epilog=CONSUME_EXAMPLE,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=_HelpFormatter,
     )
     consume.add_argument("--version", action="version", version=tracejudge_version())
     add_consumer_flags(consume)

@@ -63,7 +63,7 @@ def test_base_dependencies_leave_out_grpc_phonenumbers_and_the_judges() -> None:
     # Moved, not dropped: the consumer's OTLP output (grpc or http) and its default redactor still install with it.
     assert {"opentelemetry-exporter-otlp", "phonenumbers", "pydantic"} <= extras["consumer"]
     assert extras["redact"] == {"phonenumbers"}
-    assert PROJECT["optional-dependencies"]["all"] == ["tracejudge[redact,judges,consumer,demo,test]"]
+    assert PROJECT["optional-dependencies"]["all"] == ["tracejudge[redact,judges,consumer,demo,test,librdkafka]"]
 
 
 def test_import_tracer_loads_neither_grpc_nor_phonenumbers() -> None:
