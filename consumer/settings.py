@@ -13,7 +13,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from tracejudge._shared.kafka_options import DECIDED_OPTIONS, check_kafka_options
 
 from .kafka.clients import consumer_options, known_options, producer_options
-from .kafka.rdkafka import rdkafka_config
+from .kafka.rdkafka import check_config
 
 KNOWN_METRICS = ("failure_rate", "conversational_flow")  # the built-in judges; --judge-file adds the team's
 
@@ -788,7 +788,7 @@ class Settings(BaseSettings):
         if self.producer_client == "librdkafka":
             if importlib.util.find_spec("confluent_kafka") is None:
                 raise ValueError("producer_client librdkafka needs confluent-kafka: install tracejudge[librdkafka]")
-            rdkafka_config(producer_options(self.kafka_config))  # an option it has no equivalent of, named
+            check_config(producer_options(self.kafka_config))  # an option it lacks or refuses, named
         if self.judge_batch_wait < 0:
             raise ValueError("judge_batch_wait must not be negative")
         if self.max_requests_per_minute is not None and self.max_requests_per_minute <= 0:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -36,6 +37,9 @@ _RENAMED: dict[str, str | tuple[str, Callable[[Any], Any]]] = {
     "delivery_timeout_ms": "delivery.timeout.ms",
     "max_in_flight_requests_per_connection": "max.in.flight.requests.per.connection",
     "max_request_size": "message.max.bytes",
+    "receive_message_max_bytes": "receive.message.max.bytes",
+    "allow_auto_create_topics": "allow.auto.create.topics",
+    "client_dns_lookup": "client.dns.lookup",
     "request_timeout_ms": "request.timeout.ms",
     "retries": ("message.send.max.retries", lambda v: int(min(float(v), 2_147_483_647))),
     "retry_backoff_ms": "retry.backoff.ms",
@@ -61,9 +65,14 @@ _RENAMED: dict[str, str | tuple[str, Callable[[Any], Any]]] = {
 }
 # kafka-python options that have no meaning for librdkafka: it negotiates API versions itself, connects lazily (the
 # command's first connection is still made, and checked, by its kafka-python consumers) and blocks in our `send`.
-_IGNORED = frozenset({"api_version", "bootstrap_timeout_ms", "max_block_ms", "allow_auto_create_topics"})
-# As kafka-python 3.0 does by default: an idempotent producer, sends answered within 120 s.
-DEFAULTS: dict[str, Any] = {"enable.idempotence": True, "delivery.timeout.ms": 120_000}
+_IGNORED = frozenset({"api_version", "bootstrap_timeout_ms", "max_block_ms"})
+# As kafka-python 3.0 does by default: sends answered within 120 s, records of up to 1 MiB, a keyed record on
+# murmur2(key) (the Java client's partitioner; librdkafka's own default is CRC32), idempotent where the options allow.
+DEFAULTS: dict[str, Any] = {
+    "delivery.timeout.ms": 120_000,
+    "message.max.bytes": 1_048_576,
+    "partitioner": "murmur2_random",
+}
 MAX_BLOCK_MS = 60_000  # kafka-python's max_block_ms: how long a send waits for room in a full queue
 
 
@@ -71,6 +80,8 @@ def rdkafka_config(options: Mapping[str, Any]) -> dict[str, Any]:
     """librdkafka's properties for kafka-python's producer options; ValueError naming the first one without an
     equivalent."""
     config = dict(DEFAULTS)
+    if options.get("sasl_mechanism") == "GSSAPI":  # confluent-kafka's wheels are built without Kerberos
+        raise ValueError("sasl_mechanism GSSAPI is not in confluent-kafka's wheels: use --producer-client kafka-python")
     for name, value in options.items():
         if name in _IGNORED:
             continue
@@ -84,7 +95,33 @@ def rdkafka_config(options: Mapping[str, Any]) -> dict[str, Any]:
             config[key] = convert(value)
         else:
             config[target] = value
+    if "enable_idempotence" not in options:  # kafka-python 3.0 turns it off where the options forbid it
+        retries, in_flight = options.get("retries", 1), options.get("max_in_flight_requests_per_connection", 5)
+        config["enable.idempotence"] = config.get("acks", "all") == "all" and retries != 0 and in_flight <= 5
+    if "reconnect.backoff.ms" in config:  # librdkafka refuses a maximum below the first backoff
+        config["reconnect.backoff.max.ms"] = max(
+            config["reconnect.backoff.ms"], config.get("reconnect.backoff.max.ms", 0)
+        )
     return config
+
+
+def check_config(options: Mapping[str, Any]) -> None:
+    """ValueError in one line for the options librdkafka refuses (its own checks: values, combinations), found by
+    building a producer that connects nowhere."""
+    from confluent_kafka import KafkaException, Producer
+
+    config = rdkafka_config(options)
+    try:
+        Producer({**config, "bootstrap.servers": ""}, logger=_LOGGER)
+    except (KafkaException, ValueError, TypeError) as exc:
+        raise ValueError(f"librdkafka refuses the Kafka options: {exc}") from None
+
+
+def librdkafka_version() -> str:
+    """librdkafka's and confluent-kafka's versions, for the start's log line."""
+    import confluent_kafka
+
+    return f"{confluent_kafka.libversion()[0]} (confluent-kafka {confluent_kafka.version()[0]})"
 
 
 class _OncePerMinute(logging.Filter):
@@ -95,7 +132,7 @@ class _OncePerMinute(logging.Filter):
         self._last: dict[str, float] = {}
 
     def filter(self, record: logging.LogRecord) -> bool:
-        key, now = record.getMessage(), time.monotonic()
+        key, now = _DIGITS.sub("", record.getMessage()), time.monotonic()  # "after 3ms", "2 identical errors"
         if now - self._last.get(key, -math.inf) < 60.0:
             return False
         if len(self._last) > 1000:
@@ -104,6 +141,7 @@ class _OncePerMinute(logging.Filter):
         return True
 
 
+_DIGITS = re.compile(r"\d+")
 _LOGGER = logging.getLogger("tracejudge.consumer.kafka.librdkafka")
 _LOGGER.addFilter(_OncePerMinute())
 
@@ -121,11 +159,18 @@ class Sent:
         self.exception: BaseException | None = None
 
     def add_callback(self, fn: Callable[[Any], Any]) -> Sent:
-        self._callbacks.append(fn)
+        """Called at once if the send was answered already (as kafka-python's future)."""
+        if self.offset is not None:
+            fn(self)
+        elif self.exception is None:
+            self._callbacks.append(fn)
         return self
 
     def add_errback(self, fn: Callable[[BaseException], Any]) -> Sent:
-        self._errbacks.append(fn)
+        if self.exception is not None:
+            fn(self.exception)
+        elif self.offset is None:
+            self._errbacks.append(fn)
         return self
 
     def delivered(self, err: Any, msg: Any) -> None:
@@ -149,8 +194,7 @@ class RdKafkaProducer:
         self._max_block_s = float(options.get("max_block_ms", MAX_BLOCK_MS)) / 1000
         # librdkafka logs through this logger from `poll`/`flush` (else it writes to stderr itself, a line per
         # reconnect try while a broker is down): the same line at most once a minute.
-        self._producer = Producer(rdkafka_config(options), logger=_LOGGER)
-        self._closed = False
+        self._producer: Any = Producer(rdkafka_config(options), logger=_LOGGER)
 
     def send(
         self,
@@ -168,6 +212,8 @@ class RdKafkaProducer:
             kwargs["partition"] = partition
         if timestamp_ms is not None:
             kwargs["timestamp"] = timestamp_ms
+        if self._producer is None:
+            raise KafkaError("the producer is closed")
         deadline = time.monotonic() + self._max_block_s
         while True:
             try:
@@ -180,33 +226,34 @@ class RdKafkaProducer:
 
     def serve(self) -> None:
         """The answers librdkafka has, delivered to their futures on this thread (closed: none are left)."""
-        if not self._closed:
+        if self._producer is not None:
             self._producer.poll(0)
 
     def flush(self, timeout: float | None = None) -> None:
-        if self._closed:
-            return
+        """Every send answered (its callback or errback run); KafkaTimeoutError when not within `timeout`."""
+        if self._producer is None:
+            raise KafkaTimeoutError("the producer is closed")
         left = self._producer.flush(-1 if timeout is None else timeout)
-        if left:
-            raise KafkaTimeoutError(f"{left} records unanswered after {timeout}s")
+        if left:  # librdkafka's queue length: sends, and any log line or error event not yet served
+            raise KafkaTimeoutError(f"{left} records or events unanswered after {timeout}s")
 
     def force_close(self) -> None:
-        """What is held fails now (its errbacks run), and the producer closes."""
-        if self._closed:
+        """What is held fails now (the errbacks of what the purge answers at once run), and the producer is let go.
+
+        Not confluent-kafka's `close()`: it flushes with no time limit, which would hold a shutdown or a renewal for
+        as long as a broker is away. Destroying the handle (the last reference) does not flush."""
+        producer, self._producer = self._producer, None
+        if producer is None:
             return
-        self._producer.purge(in_queue=True, in_flight=True, blocking=False)
-        self._producer.flush(0)
-        self._close()
+        producer.purge(in_queue=True, in_flight=True, blocking=False)
+        producer.poll(0)
+        del producer
 
     def close(self, timeout: float | None = None) -> None:
         """What is held gets up to `timeout` to be answered; the rest fails (its errbacks run)."""
-        if self._closed:
+        if self._producer is None:
             return
         try:
             self._producer.flush(-1 if timeout is None else timeout)
         finally:
             self.force_close()
-
-    def _close(self) -> None:
-        self._closed = True
-        self._producer.close()

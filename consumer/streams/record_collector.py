@@ -3,8 +3,9 @@
 One producer writes the internal topics (repartition, changelog, judge queue); a KafkaWriter sets malformed input
 aside in the dead-letter topic. A send that fails is remembered (`failed`) until the committer recovered from it,
 so nothing is committed past a record that was never written; `flushed` says whether everything sent was answered.
-The producer's answers (acknowledgements, failures) come on its sender thread: they are queued and applied on the
-stream thread (`answers`, at each `flushed`, `failed` and round), so a task's state and the failure change there only.
+The producer's answers (acknowledgements, failures) come on kafka-python's sender thread, or for librdkafka's producer
+inside its poll (`serve`, at each `answers`): either way they are queued and applied on the stream thread (`answers`,
+at each `flushed`, `failed` and round), so a task's state and the failure change there only.
 Its producer's wake-ups are held per round of the stream thread (`kafka.wakeup.DeferredWakeup`).
 """
 
@@ -21,6 +22,7 @@ from ..emit import KafkaWriter
 from ..emit.prometheus import ConsumerInstruments
 from ..kafka import KafkaClients, KafkaProducer, KafkaTimeoutError
 from ..kafka.clients import close_now
+from ..kafka.rdkafka import librdkafka_version
 from ..kafka.topics import InternalTopics
 from ..kafka.wakeup import DeferredWakeup
 from ..settings import Settings
@@ -50,8 +52,8 @@ class RecordCollector:
         self._serve: Callable[[], None] | None = None
         self.dead_letter: KafkaWriter | None = None
         self._failed = False
-        # The producer's answers, queued on its sender thread: (task, next changelog offset acknowledged) and
-        # (producer, topic, error).
+        # The producer's answers, queued where they come (its sender thread, or `serve`): (task, next changelog offset
+        # acknowledged) and (producer, topic, error).
         self._acks: queue.SimpleQueue[tuple[Task, int]] = queue.SimpleQueue()
         self._errors: queue.SimpleQueue[tuple[KafkaProducer | None, str, BaseException]] = queue.SimpleQueue()
         self._send_log = RateLimitedLog(logger, interval_s=10.0)
@@ -99,6 +101,8 @@ class RecordCollector:
         )
         self._wakeup = DeferredWakeup.install(producer)
         self._serve = getattr(producer, "serve", None)  # librdkafka answers inside its poll, on this thread
+        if self._serve is not None and self.producer is None:
+            logger.info("the internal topics are written by librdkafka %s (--producer-client)", librdkafka_version())
         return producer
 
     def renew(self) -> None:
@@ -113,7 +117,8 @@ class RecordCollector:
     def send(
         self, topic: str, key: str | bytes, value: bytes | None, kind: str, *, acked: Task | None = None, **kwargs: Any
     ) -> None:
-        """`acked`: the task whose `changelog_acked` follows this record's acknowledgement. Stream thread only."""
+        """`acked`: the task whose `changelog_acked` follows this record's acknowledgement. The stream thread (or
+        the rebalance listener, while the stream thread waits in its poll)."""
         assert self.producer is not None
         raw_key = key if isinstance(key, bytes) else key.encode("utf-8", "surrogatepass")
         send = self.producer.send if self._wakeup is None else self._wakeup.send
@@ -124,11 +129,11 @@ class RecordCollector:
             return
         producer = self.producer  # a renewed producer's aborted sends were already recovered from
         acks, errors = self._acks, self._errors
-        future.add_errback(lambda exc: errors.put((producer, topic, exc)))  # the sender thread: queued only
+        future.add_errback(lambda exc: errors.put((producer, topic, exc)))  # the sender thread or `serve`: queued only
         if acked is not None:
             task = acked
 
-            def acknowledged(meta: Any) -> None:  # the sender thread: queued only
+            def acknowledged(meta: Any) -> None:  # the sender thread or `serve`: queued only
                 offset = getattr(meta, "offset", None)
                 if isinstance(offset, int) and offset >= 0:
                     acks.put((task, offset + 1))

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from tests.support.pipeline import read_all
+from tests.support.pipeline import read_all, wait_for
 from tracejudge.consumer.embedded_broker import EmbeddedBroker, free_port
 from tracejudge.consumer.emit.prometheus import ConsumerInstruments
 from tracejudge.consumer.kafka import KafkaClients, KafkaError, KafkaTimeoutError
@@ -71,10 +71,16 @@ def test_kafka_python_option_names_translate_to_librdkafkas() -> None:
         "ssl.endpoint.identification.algorithm": "none",
         "message.send.max.retries": 2_147_483_647,
         "queue.buffering.max.kbytes": 32 * 1024,
-        "enable.idempotence": False,  # the user's choice over the default
-        "delivery.timeout.ms": DEFAULTS["delivery.timeout.ms"],
+        "enable.idempotence": False,  # the user's choice
+        **{k: v for k, v in DEFAULTS.items()},
     }
+    assert DEFAULTS["partitioner"] == "murmur2_random"  # a keyed record where the Java client and kafka-python put it
     assert rdkafka_config({})["enable.idempotence"] is True  # as kafka-python 3.0's default
+    # ... which it turns off where the options forbid it, as kafka-python does, rather than fail at start
+    assert rdkafka_config({"retries": 0})["enable.idempotence"] is False
+    assert rdkafka_config({"max_in_flight_requests_per_connection": 10})["enable.idempotence"] is False
+    backoff = rdkafka_config({"reconnect_backoff_ms": 5000, "reconnect_backoff_max_ms": 1000})
+    assert backoff["reconnect.backoff.max.ms"] == 5000  # librdkafka refuses a maximum below the first backoff
 
 
 @pytest.mark.parametrize("option", ["socks5_proxy", "partitioner", "ssl_context", "sasl_oauth_token_provider"])
@@ -86,6 +92,11 @@ def test_an_option_librdkafka_has_no_equivalent_of_is_refused_by_name(option: st
 def test_settings_refuse_librdkafka_with_an_option_it_cannot_take() -> None:
     with pytest.raises(ValueError, match="socks5_proxy has no librdkafka equivalent"):
         Settings.from_options(producer_client="librdkafka", kafka_config={"socks5_proxy": "socks5://p:1080"})
+    with pytest.raises(ValueError, match="GSSAPI is not in confluent-kafka's wheels"):
+        rdkafka_config({"security_protocol": "SASL_PLAINTEXT", "sasl_mechanism": "GSSAPI"})
+    # a value librdkafka itself refuses, found at start (not when the stream thread builds its producer)
+    with pytest.raises(ValueError, match="librdkafka refuses the Kafka options"):
+        Settings.from_options(producer_client="librdkafka", kafka_config={"compression_type": "brotli"})
     # a consumer's option is not the producer's: accepted
     assert Settings.from_options(producer_client="librdkafka", kafka_config={"session_timeout_ms": 6000})
 
@@ -139,14 +150,21 @@ def test_what_is_sent_arrives_as_sent_and_is_answered_on_the_serving_thread(brok
 
             future.add_callback(done).add_errback(lambda exc: pytest.fail(f"send failed: {exc!r}"))
             sent.append(future)
-        # answered only inside serve/flush: a delivery report waits for the thread that asks
-        time.sleep(0.3)  # room for librdkafka's threads to have the acknowledgements (they must not run callbacks)
+        # answered only inside serve/flush: the records are on the broker, their reports wait for the thread that asks
+        wait_for(
+            lambda: len(read_all(broker.bootstrap_servers, topic)) == 40, timeout=30, what="the 40 records written"
+        )
         assert answered == []
-        producer.flush(30)
+        deadline = time.monotonic() + 30
+        while len(answered) < 40 and time.monotonic() < deadline:
+            producer.serve()  # what the record collector calls once a round
     finally:
         producer.close(5)
     assert threads == {threading.get_ident()}
     assert len(answered) == 40
+    late: list[Any] = []
+    sent[0].add_callback(late.append)  # answered already: called at once, as kafka-python's future
+    assert late == [sent[0]]
     for p in (0, 1):
         offsets = [offset for partition, _, offset in sorted(answered, key=lambda a: a[1]) if partition == p]
         assert offsets == list(range(20))  # in send order, each its own offset
@@ -164,7 +182,7 @@ def test_with_no_broker_a_flush_times_out_and_closing_fails_what_is_held() -> No
     for _ in range(5):
         producer.send("t", key=b"k", value=b"v", partition=0).add_callback(acked.append).add_errback(failed.append)
     started = time.monotonic()
-    with pytest.raises(KafkaTimeoutError, match="5 records unanswered"):
+    with pytest.raises(KafkaTimeoutError, match=r"\d+ records or events unanswered"):
         producer.flush(0.5)
     assert time.monotonic() - started < 5
     assert failed == [] and acked == []
@@ -175,6 +193,24 @@ def test_with_no_broker_a_flush_times_out_and_closing_fails_what_is_held() -> No
     assert all(isinstance(exc, KafkaError) and "PURGE" in str(exc) for exc in failed)
     producer.close(1)  # closed already: nothing more
     assert len(failed) == 5
+    with pytest.raises(KafkaTimeoutError, match="closed"):
+        producer.flush(1)  # a closed producer never says everything was answered
+    with pytest.raises(KafkaError, match="closed"):
+        producer.send("t", key=b"k", value=b"v", partition=0)
+
+
+def test_a_full_queue_blocks_a_send_at_most_max_block_ms() -> None:
+    producer = RdKafkaProducer(
+        bootstrap_servers=f"127.0.0.1:{free_port()}", client_id="t", buffer_memory=1024, max_block_ms=500
+    )
+    try:
+        producer.send("t", key=b"k", value=b"x" * 900, partition=0)  # fills the 1 KiB queue
+        started = time.monotonic()
+        with pytest.raises(KafkaTimeoutError, match="no room"):
+            producer.send("t", key=b"k", value=b"x" * 900, partition=0)
+        assert 0.4 < time.monotonic() - started < 5
+    finally:
+        producer.force_close()
 
 
 def test_close_waits_at_most_its_timeout_then_fails_the_rest() -> None:
@@ -207,11 +243,54 @@ def test_the_record_collector_applies_acknowledgements_from_librdkafka(broker: E
         for i in range(3):
             rc.send(topics.changelog, f"c{i}", b"{}", R.POSITIONS, partition=1, acked=task)
         assert task.changelog_acked is None
+        # a round's wake serves librdkafka's answers on this thread, with no flush
+        wait_for(lambda: (rc.wake(), task.changelog_acked)[1] == 3, timeout=30, what="the acknowledgements served")
+        rc.send(topics.changelog, "c3", b"{}", R.POSITIONS, partition=1, acked=task)
         assert rc.flushed(30)
-        assert task.changelog_acked == 3  # the next offset after the last acknowledged
+        assert task.changelog_acked == 4  # the next offset after the last acknowledged
         assert not rc.failed
     finally:
         rc.close(5)
+
+
+def test_a_renewal_with_sends_held_is_not_a_new_failure(tmp_path: Path) -> None:
+    rc, topics = collector(f"127.0.0.1:{free_port()}", tmp_path, "t")
+    rc.open()
+    try:
+        old = rc.producer
+        for i in range(3):
+            rc.send(topics.changelog, f"c{i}", b"{}", R.POSITIONS, partition=0)
+        started = time.monotonic()
+        rc.renew()  # the old producer's held sends fail: recovered from by the renewal, not remembered
+        assert time.monotonic() - started < 5  # no flush without a limit while the broker is away
+        assert rc.producer is not old and not rc.failed
+    finally:
+        rc.close(0.5)
+
+
+def test_a_send_that_times_out_and_one_after_close_are_heard(tmp_path: Path) -> None:
+    settings = Settings.from_options(
+        topic="t", state_dir=str(tmp_path), producer_client="librdkafka", kafka_config={"delivery_timeout_ms": 1000}
+    )
+    topics = InternalTopics(settings.group_id)
+    rc = RecordCollector(
+        settings,
+        ConsumerInstruments(CollectorRegistry()),
+        topics,
+        KafkaClients(f"127.0.0.1:{free_port()}", settings.kafka_config),
+    )
+    rc.open()
+    try:
+        rc.send(topics.changelog, "c", b"{}", R.POSITIONS, partition=0)
+        wait_for(lambda: (rc.wake(), rc.failed)[1], timeout=30, what="the timed-out send heard")
+    finally:
+        rc.close(0.5)
+    rc2, topics2 = collector(f"127.0.0.1:{free_port()}", tmp_path, "t")
+    rc2.open()
+    assert rc2.producer is not None
+    rc2.producer.force_close()
+    rc2.send(topics2.changelog, "c", b"{}", R.POSITIONS, partition=0)  # on a closed producer: a failure, not a raise
+    assert rc2.failed
 
 
 def test_the_record_collector_hears_a_failed_send_and_renews(tmp_path: Path) -> None:

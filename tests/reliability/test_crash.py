@@ -9,6 +9,8 @@ import threading
 import time
 import uuid
 from collections import defaultdict
+from importlib.util import find_spec
+from pathlib import Path
 
 import pytest
 from kafka import KafkaConsumer, TopicPartition
@@ -47,10 +49,20 @@ def at_ends(committed: dict[int, int], end: dict[int, int]) -> bool:
 
 
 # The stream thread's writes (changelog, judge queue) through either producer library (--producer-client).
-@pytest.mark.parametrize("producer_client", ["kafka-python", "librdkafka"])
+@pytest.mark.parametrize(
+    "producer_client",
+    [
+        "kafka-python",
+        pytest.param(
+            "librdkafka",
+            marks=pytest.mark.skipif(find_spec("confluent_kafka") is None, reason="the librdkafka extra is missing"),
+        ),
+    ],
+)
 def test_five_kill_9s_lose_nothing(
-    broker: EmbeddedBroker, topic: str, judge_server: JudgeServer, producer_client: str
+    broker: EmbeddedBroker, topic: str, judge_server: JudgeServer, producer_client: str, tmp_path: Path
 ) -> None:
+    log = tmp_path / "consumer.log"
     judge_server.responder = scripted_judge
     results, group = f"{topic}-results", f"crash-{uuid.uuid4().hex[:6]}"
     queue, judges = f"{group}-judge-queue", f"{group}-judges"  # the judge worker's topic and group
@@ -76,7 +88,13 @@ def test_five_kill_9s_lose_nothing(
     thresholds = sorted(rng.sample(range(100, CONVERSATIONS - 200), KILLS))
     kills: list[tuple[float, dict[int, int], dict[int, int]]] = []
     process = consumer_process(
-        broker, topic, group, results, TRACEJUDGE_MAX_CONCURRENCY="16", TRACEJUDGE_PRODUCER_CLIENT=producer_client
+        broker,
+        topic,
+        group,
+        results,
+        TRACEJUDGE_MAX_CONCURRENCY="16",
+        TRACEJUDGE_PRODUCER_CLIENT=producer_client,
+        log=log,
     )
     try:
         for threshold in thresholds:
@@ -98,6 +116,7 @@ def test_five_kill_9s_lose_nothing(
                 results,
                 TRACEJUDGE_MAX_CONCURRENCY="16",
                 TRACEJUDGE_PRODUCER_CLIENT=producer_client,
+                log=log,
             )
         producer.join(120)
         wait_for(lambda: len(judged()) == CONVERSATIONS, timeout=300, what="every conversation judged")
@@ -119,6 +138,9 @@ def test_five_kill_9s_lose_nothing(
     finally:
         process.terminate()
         process.wait(60)
+    # each of the six processes wrote its internal topics with the library asked for
+    written_by_librdkafka = log.read_text().count("the internal topics are written by librdkafka")
+    assert written_by_librdkafka == (KILLS + 1 if producer_client == "librdkafka" else 0)
     records = [json.loads(r.value) for r in read_all(broker.bootstrap_servers, results)]
     by_conversation: dict[str, list[dict]] = defaultdict(list)
     for record in records:
