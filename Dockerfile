@@ -10,7 +10,7 @@ COPY tracer ./tracer
 COPY metrics ./metrics
 COPY consumer ./consumer
 COPY examples ./examples
-RUN pip install --no-cache-dir ".[consumer]" \
+RUN pip install --no-cache-dir ".[consumer,librdkafka]" \
     && useradd --create-home --uid 10001 tracejudge
 USER 10001
 EXPOSE 9464

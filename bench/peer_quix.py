@@ -15,6 +15,7 @@ import signal
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,13 @@ def _create_topic(bootstrap: str, topic: str) -> None:
         admin.create_topics([NewTopic(topic, PARTITIONS, 1, topic_configs=configs)])
     finally:
         admin.close()
+
+
+def _confluent_version() -> str:
+    """The confluent-kafka that both Quix Streams and our librdkafka producer ran on (Quix pins its range)."""
+    import confluent_kafka
+
+    return f"{confluent_kafka.version()[0]} (librdkafka {confluent_kafka.libversion()[0]})"
 
 
 def quix_run(
@@ -146,14 +154,21 @@ def run(conversations: int = 4_000, rounds: int = 2) -> dict[str, Any]:
         topic = f"peer-conversation-{uuid.uuid4().hex[:6]}"
         _create_topic(bootstrap, topic)
         records = produce(bootstrap, topic, conversations, "conversation")
-        figures: dict[str, list[dict[str, Any]]] = {QUIX: [], OURS: [], OURS_RDK: []}
-        for _ in range(rounds):  # alternating, so a shared host's busy minute falls on each
-            figures[QUIX].append(quix_run(bootstrap, pid, topic, conversations, records))
-            figures[OURS].append(replicas_run(bootstrap, pid, topic, conversations, records, 1))
-            figures[OURS_RDK].append(
-                replicas_run(bootstrap, pid, topic, conversations, records, 1, producer_client="librdkafka")
-            )
+        runs: dict[str, Callable[[], dict[str, Any]]] = {
+            QUIX: lambda: quix_run(bootstrap, pid, topic, conversations, records),
+            OURS: lambda: replicas_run(bootstrap, pid, topic, conversations, records, 1),
+            OURS_RDK: lambda: replicas_run(
+                bootstrap, pid, topic, conversations, records, 1, producer_client="librdkafka"
+            ),
+        }
+        figures: dict[str, list[dict[str, Any]]] = {name: [] for name in runs}
+        order = list(runs)
+        for _ in range(rounds):  # the order rotating, so a shared host's busy minute and a fuller broker fall on each
+            for name in order:
+                figures[name].append(runs[name]())
+            order = order[1:] + order[:1]
     out["records"] = records
+    out["confluent_kafka"] = _confluent_version()
     best = {name: min(runs, key=lambda r: r["cpu_s_per_1000_records"]) for name, runs in figures.items()}
     out["runs"] = figures
     out["best"] = best
