@@ -351,7 +351,14 @@ def replay(
         producer.close()
     results = {setup: Replay() for setup in SETUPS}
     results[ALL] = Replay()
+    seen: set[tuple[str, float]] = set()
     for judgement in (j for c in collects for j in c.judgements):
+        # The same judgement handed to the sinks again (its outputs' delivery retried, at least once: seen once under
+        # CI load, both copies with one judge-queue key and one judged_at) is one judgement; a second judging of the
+        # conversation has its own judged_at and still counts.
+        if (judgement.job.key, judgement.judged_at) in seen:
+            continue
+        seen.add((judgement.job.key, judgement.judged_at))
         replay = results[ids.get(judgement.job.conversation_id, ALL)]
         replay.judgements.append(judgement)
         replay.requests.extend(asked.pop(r.reason) for r in judgement.results if r.reason in asked)

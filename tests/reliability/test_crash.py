@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+import subprocess
 import threading
 import time
 import uuid
@@ -87,15 +88,19 @@ def test_five_kill_9s_lose_nothing(
     rng = random.Random(20261130)
     thresholds = sorted(rng.sample(range(100, CONVERSATIONS - 200), KILLS))
     kills: list[tuple[float, dict[int, int], dict[int, int]]] = []
-    process = consumer_process(
-        broker,
-        topic,
-        group,
-        results,
-        TRACEJUDGE_MAX_CONCURRENCY="16",
-        TRACEJUDGE_PRODUCER_CLIENT=producer_client,
-        log=log,
-    )
+
+    def start() -> subprocess.Popen:
+        return consumer_process(
+            broker,
+            topic,
+            group,
+            results,
+            TRACEJUDGE_MAX_CONCURRENCY="16",
+            TRACEJUDGE_PRODUCER_CLIENT=producer_client,
+            log=log,
+        )
+
+    process = start()
     try:
         for threshold in thresholds:
             wait_for(lambda t=threshold: len(judged()) >= t, timeout=180, what=f"{threshold} conversations judged")
@@ -109,15 +114,7 @@ def test_five_kill_9s_lose_nothing(
                     committed_offsets(broker.bootstrap_servers, queue, judges),
                 )
             )
-            process = consumer_process(
-                broker,
-                topic,
-                group,
-                results,
-                TRACEJUDGE_MAX_CONCURRENCY="16",
-                TRACEJUDGE_PRODUCER_CLIENT=producer_client,
-                log=log,
-            )
+            process = start()
         producer.join(120)
         wait_for(lambda: len(judged()) == CONVERSATIONS, timeout=300, what="every conversation judged")
         # Conversations judged before a kill whose results were not yet durable are judged again. Barrier: every
