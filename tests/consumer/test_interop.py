@@ -353,9 +353,8 @@ def replay(
     results[ALL] = Replay()
     seen: set[tuple[str, float]] = set()
     for judgement in (j for c in collects for j in c.judgements):
-        # The same judgement handed to the sinks again (its outputs' delivery retried, at least once: seen once under
-        # CI load, both copies with one judge-queue key and one judged_at) is one judgement; a second judging of the
-        # conversation has its own judged_at and still counts.
+        # Two copies with one judge-queue key and one judged_at count once (seen once under CI load, for ten
+        # conversations at once, not explained yet); a second judging with its own judged_at counts.
         if (judgement.job.key, judgement.judged_at) in seen:
             continue
         seen.add((judgement.job.key, judgement.judged_at))
