@@ -223,12 +223,19 @@ def test_close_waits_at_most_its_timeout_then_fails_the_rest() -> None:
     assert len(failed) == 1
 
 
-def collector(bootstrap: str, tmp_path: Path, topic: str) -> tuple[RecordCollector, InternalTopics]:
+def collector(
+    bootstrap: str, tmp_path: Path, topic: str, **kafka_config: Any
+) -> tuple[RecordCollector, InternalTopics]:
+    """A record collector on librdkafka's producer, with these client options (`--kafka-config`)."""
     settings = Settings.from_options(
-        topic=topic, group_id=f"g-{uuid.uuid4().hex[:6]}", state_dir=str(tmp_path), producer_client="librdkafka"
+        topic=topic,
+        group_id=f"g-{uuid.uuid4().hex[:6]}",
+        state_dir=str(tmp_path),
+        producer_client="librdkafka",
+        kafka_config=kafka_config,
     )
     topics = InternalTopics(settings.group_id)
-    clients = KafkaClients(bootstrap)
+    clients = KafkaClients(bootstrap, settings.kafka_config)
     return RecordCollector(settings, ConsumerInstruments(CollectorRegistry()), topics, clients), topics
 
 
@@ -269,16 +276,7 @@ def test_a_renewal_with_sends_held_is_not_a_new_failure(tmp_path: Path) -> None:
 
 
 def test_a_send_that_times_out_and_one_after_close_are_heard(tmp_path: Path) -> None:
-    settings = Settings.from_options(
-        topic="t", state_dir=str(tmp_path), producer_client="librdkafka", kafka_config={"delivery_timeout_ms": 1000}
-    )
-    topics = InternalTopics(settings.group_id)
-    rc = RecordCollector(
-        settings,
-        ConsumerInstruments(CollectorRegistry()),
-        topics,
-        KafkaClients(f"127.0.0.1:{free_port()}", settings.kafka_config),
-    )
+    rc, topics = collector(f"127.0.0.1:{free_port()}", tmp_path, "t", delivery_timeout_ms=1000)
     rc.open()
     try:
         rc.send(topics.changelog, "c", b"{}", R.POSITIONS, partition=0)
