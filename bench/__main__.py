@@ -138,13 +138,17 @@ def table(results: dict[str, Any]) -> str:
         rows.extend(scale_rows(scale))
     peer = results.get("peer_quix")
     if peer and "best" in peer:
+        from bench.peer_quix import OURS, OURS_RDK
+
+        ratios = {OURS: peer.get("ours_vs_quix_cpu"), OURS_RDK: peer.get("ours_librdkafka_vs_quix_cpu")}
         for name, figure in peer["best"].items():
+            ratio = ratios.get(name)
             rows.append(
                 (
                     f"stream-processing peer, conversation-keyed, {peer['records']} records",
                     name,
                     f"{figure['records_per_s']:.0f} records/s, {figure['cpu_s_per_1000_records']:.3f} CPU s/1k records",
-                    f"ours {peer['ours_vs_quix_cpu']:.2f}x Quix's CPU efficiency",
+                    "" if ratio is None else f"{ratio:.2f}x Quix's CPU efficiency",
                 )
             )
     for name, profile in (peer or {}).get("profile", {}).items():
@@ -234,7 +238,7 @@ def main() -> int:
     if "scale" in only:
         from bench import scale_out
 
-        scale = scale_out.run(conversations=1_000 if args.quick else 8_000, max_replicas=args.max_replicas)
+        scale = scale_out.run(conversations=1_000 if args.quick else 16_000, max_replicas=args.max_replicas)
         results["scale_out"] = {"machine": machine(), "date": results["date"], **scale}
     if "quix" in only:
         from bench import peer_quix

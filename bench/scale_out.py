@@ -9,7 +9,10 @@ shared host from minute to minute), CPU time per record moves less. Each replica
 `process_cpu_seconds_total` (from its /metrics; /proc where the endpoint lacks it), sampled at its first record and
 at the barrier; the broker's (Tansu) is read from /proc beside it over the same window. The barrier is every
 conversation's outcome (`tracejudge_sessions_total`, sample rate 0: sampled out, no judge call), summed
-over the replicas."""
+over the replicas.
+
+Each N runs once per `--producer-client` (kafka-python's, and librdkafka's where confluent-kafka is installed), the
+two alternating, each N's efficiency against one replica of the same producer."""
 
 from __future__ import annotations
 
@@ -34,6 +37,7 @@ from bench.consumer_ingest import END_GRACE_S, FIREHOSE_SHARE, KEYINGS, TURNS_PE
 from tracejudge.consumer.embedded_broker import EmbeddedBroker, free_port
 
 PARTITIONS = 16
+PRODUCER_CLIENTS = ("kafka-python", "librdkafka")
 TICK = os.sysconf("SC_CLK_TCK")
 
 
@@ -231,13 +235,26 @@ def replicas_run(
     }
 
 
-def run(conversations: int = 8_000, max_replicas: int | None = None) -> dict[str, Any]:
+def available_producers() -> tuple[str, ...]:
+    """kafka-python's producer, and librdkafka's where confluent-kafka is installed (the `librdkafka` extra)."""
+    try:
+        import confluent_kafka  # noqa: F401
+    except ImportError:
+        return PRODUCER_CLIENTS[:1]
+    return PRODUCER_CLIENTS
+
+
+def run(
+    conversations: int = 8_000, max_replicas: int | None = None, producer_clients: tuple[str, ...] | None = None
+) -> dict[str, Any]:
     max_replicas = max_replicas or os.cpu_count() or 1
+    producer_clients = producer_clients or available_producers()
     out: dict[str, Any] = {
         "conversations": conversations,
         "turns_per_conversation": TURNS_PER_CONVERSATION,
         "partitions": PARTITIONS,
         "max_replicas": max_replicas,
+        "producer_clients": list(producer_clients),
         "inputs": {},
     }
     with EmbeddedBroker() as broker:
@@ -249,13 +266,15 @@ def run(conversations: int = 8_000, max_replicas: int | None = None) -> dict[str
             records = len(built)
             runs = []
             for n in range(1, max_replicas + 1):  # each on a topic of its own, filled once its group formed
-                topic = f"scale-{keyed_by}-{n}-{uuid.uuid4().hex[:6]}"
-                broker.create_topic(topic, PARTITIONS)
-                bootstrap = broker.bootstrap_servers
-                fill = functools.partial(send_all, bootstrap, topic, built)
-                runs.append(replicas_run(bootstrap, pid, topic, count, records, n, fill=fill))
-            one = runs[0]
+                for client in producer_clients:  # alternating: a host that drifts moves both alike
+                    topic = f"scale-{keyed_by}-{n}-{uuid.uuid4().hex[:6]}"
+                    broker.create_topic(topic, PARTITIONS)
+                    bootstrap = broker.bootstrap_servers
+                    fill = functools.partial(send_all, bootstrap, topic, built)
+                    row = replicas_run(bootstrap, pid, topic, count, records, n, fill=fill, producer_client=client)
+                    runs.append({**row, "producer_client": client})
             for row in runs:
+                one = next(r for r in runs if r["replicas"] == 1 and r["producer_client"] == row["producer_client"])
                 row["efficiency"] = row["records_per_s"] / (row["replicas"] * one["records_per_s"])
                 row["cpu_vs_one_replica"] = row["cpu_s_per_1000_records"] / one["cpu_s_per_1000_records"]
             out["inputs"][keyed_by] = {"conversations": count, "records": records, "runs": runs}
@@ -269,7 +288,8 @@ def table_rows(result: dict[str, Any]) -> list[tuple[str, str, str, str]]:
             rows.append(
                 (
                     f"scale-out, {keyed_by}-keyed",
-                    f"{r['replicas']} replica(s), partitions {'/'.join(str(p) for p in r['partitions_owned'])}",
+                    f"{r['replicas']} replica(s), partitions {'/'.join(str(p) for p in r['partitions_owned'])}"
+                    + ("" if r.get("producer_client", "kafka-python") == "kafka-python" else ", librdkafka producer"),
                     f"{r['records_per_s']:.0f} records/s, {r['cpu_s_per_1000_records']:.3f} CPU s/1k records "
                     f"(broker {r['broker_cpu_s_per_1000_records']:.3f})",
                     f"efficiency {r['efficiency']:.2f}, CPU {r['cpu_vs_one_replica']:.2f}x one replica",
@@ -282,6 +302,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench.scale_out")
     parser.add_argument("--conversations", type=int, default=4_000)
     parser.add_argument("--max-replicas", "--replicas", type=int, default=None, help="default: the machine's cores")
+    parser.add_argument(
+        "--producer-client",
+        choices=PRODUCER_CLIENTS,
+        action="append",
+        help="the replicas' --producer-client (repeat for both; default: both where confluent-kafka is installed)",
+    )
     return parser.parse_args(argv)
 
 
@@ -289,4 +315,5 @@ if __name__ == "__main__":
     import json
 
     args = parse_args()
-    print(json.dumps(run(args.conversations, args.max_replicas), indent=2))
+    clients = tuple(args.producer_client) if args.producer_client else None
+    print(json.dumps(run(args.conversations, args.max_replicas, clients), indent=2))

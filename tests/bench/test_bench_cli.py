@@ -32,6 +32,8 @@ def test_scale_out_parses_its_flags_and_tabulates_a_result() -> None:
 
     assert scale_out.parse_args(["--replicas", "4"]).max_replicas == 4
     assert scale_out.parse_args([]).max_replicas is None
+    assert scale_out.parse_args([]).producer_client is None  # both, where confluent-kafka is installed
+    assert scale_out.parse_args(["--producer-client", "librdkafka"]).producer_client == ["librdkafka"]
     run = {
         "replicas": 2,
         "records_per_s": 900.0,
@@ -45,6 +47,8 @@ def test_scale_out_parses_its_flags_and_tabulates_a_result() -> None:
     assert row[1] == "2 replica(s), partitions 8/8"
     assert "0.200 CPU s/1k records (broker 0.050)" in row[2]
     assert row[3] == "efficiency 0.90, CPU 1.05x one replica"
+    [rdkafka] = scale_out.table_rows({"inputs": {"conversation": {"runs": [{**run, "producer_client": "librdkafka"}]}}})
+    assert rdkafka[1] == "2 replica(s), partitions 8/8, librdkafka producer"
 
 
 def test_the_compiled_path_bench_copies_the_package_as_installed(tmp_path: Path) -> None:
