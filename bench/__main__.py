@@ -6,27 +6,16 @@ import argparse
 import json
 import logging
 import os
-import platform
 import shutil
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from bench._stats import machine
+
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 RESULTS = Path(__file__).resolve().parent / "results.json"
-
-
-def machine() -> dict[str, Any]:
-    model = next(
-        (
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if "model name" in line
-        ),
-        platform.processor(),
-    )
-    return {"cpu": model, "cores": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()}
 
 
 def table(results: dict[str, Any]) -> str:
@@ -238,12 +227,16 @@ def main() -> int:
     if "scale" in only:
         from bench import scale_out
 
-        scale = scale_out.run(conversations=1_000 if args.quick else 16_000, max_replicas=args.max_replicas)
-        results["scale_out"] = {"machine": machine(), "date": results["date"], **scale}
+        scale = scale_out.run(
+            conversations=1_000 if args.quick else scale_out.CONVERSATIONS,
+            max_replicas=args.max_replicas,
+            rounds=1 if args.quick else scale_out.ROUNDS,
+        )
+        results["scale_out"] = {"date": results["date"], **scale}
     if "quix" in only:
         from bench import peer_quix
 
-        peer = peer_quix.run(conversations=1_000 if args.quick else 4_000, rounds=1 if args.quick else 2)
+        peer = peer_quix.run(conversations=1_000 if args.quick else 16_000, rounds=1 if args.quick else 2)
         if "skipped" in peer:  # the figures of an earlier run stay
             print(f"quix: {peer['skipped']}")
             results["peer_quix"] = earlier.get("peer_quix", peer)

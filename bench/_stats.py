@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import platform
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 
 @dataclass
@@ -36,3 +40,16 @@ def alternate(variants: dict[str, Callable[[], float]], rounds: int = 5, unit: s
         for name in order:
             results[name].append(variants[name]())
     return {name: Figure(name, runs, unit) for name, runs in results.items()}
+
+
+def machine() -> dict[str, Any]:
+    """The host a run names: its CPU model, cores, Python and platform."""
+    model = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if "model name" in line
+        ),
+        platform.processor(),
+    )
+    return {"cpu": model, "cores": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()}

@@ -3,8 +3,10 @@ same per-record function (`read_events`) into keyed state with a changelog, one 
 to an output topic, beside one `tracejudge consume --role all` replica (bench/scale_out.py) on the same records, the
 same broker and the same machine. Conversation-keyed records: the state key is the record key, as in our exporter.
 
-Both are clocked from their first record to the last conversation's outcome and charged CPU over that window: Quix
-runs in this process (`time.process_time`, nothing else runs here meanwhile), ours is its own process."""
+Both are clocked from their first record and charged CPU over their window: Quix's ends with the checkpoint after its
+last outcome (its state's changelog and its offsets written, every COMMIT_INTERVAL_S as ours commits), ours when the
+last conversation's outcome is counted. Quix runs in this process (`time.process_time`, nothing else runs here
+meanwhile), ours is its own process."""
 
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ from tracejudge.consumer.embedded_broker import EmbeddedBroker
 
 QUIX = "Quix Streams (read_events → keyed state + changelog → outcome topic)"
 OURS = "tracejudge consume --role all (1 replica, sample rate 0)"
+COMMIT_INTERVAL_S = 2.0  # `consume`'s --commit-interval default
 OURS_RDK = "the same, --producer-client librdkafka (the internal topics written by librdkafka)"
 
 
@@ -47,14 +50,20 @@ def _confluent_version() -> str:
     """The confluent-kafka that both Quix Streams and our librdkafka producer ran on (Quix pins its range)."""
     import confluent_kafka
 
-    return f"{confluent_kafka.version()[0]} (librdkafka {confluent_kafka.libversion()[0]})"
+    from tracejudge.consumer.kafka.rdkafka import confluent_kafka_version
+
+    return f"{confluent_kafka_version()} (librdkafka {confluent_kafka.libversion()[0]})"
 
 
 def quix_run(
     bootstrap: str, broker_pid: int, topic: str, conversations: int, records: int, profile: Path | None = None
 ) -> dict[str, Any]:
-    """`profile`: py-spy's raw samples of this process over the measured window, written there."""
+    """From its first record to the end of the checkpoint after its last outcome: Quix Streams writes its state's
+    changelog, flushes its producer and commits offsets at a checkpoint (every `commit_interval` s, ours' 2 s, and
+    once forced as it stops), so a window that ended at the last outcome would leave the state's writes out.
+    `profile`: py-spy's raw samples of this process over the measured window, written there."""
     from quixstreams import Application
+    from quixstreams.checkpointing.checkpoint import Checkpoint
 
     from bench.scale_out import sampling
 
@@ -69,6 +78,7 @@ def quix_run(
             auto_offset_reset="earliest",
             state_dir=Path(state_dir),
             use_changelog_topics=True,
+            commit_interval=COMMIT_INTERVAL_S,
         )
         source = app.topic(topic, key_deserializer="bytes", value_deserializer="bytes")
         outcomes = app.topic(f"{topic}-quix-outcomes", value_serializer="json")
@@ -92,14 +102,7 @@ def quix_run(
                     outcome = {"conversation": event.conversation_id, "turns": len(turns), "outcome": "sampled_out"}
                     completed += 1
                     if completed >= conversations:
-                        clock.update(
-                            wall_end=time.perf_counter(),
-                            cpu_end=time.process_time(),
-                            broker_end=_proc_cpu_s(broker_pid),
-                        )
-                        if sampler is not None:
-                            sampler.send_signal(signal.SIGINT)
-                        app.stop()
+                        app.stop()  # then the forced checkpoint (`committed`)
                 else:
                     state.set("turns", turns)
             return outcome
@@ -107,7 +110,27 @@ def quix_run(
         sdf = app.dataframe(source)
         sdf = sdf.apply(assemble, stateful=True).filter(lambda v: v is not None)
         sdf.to_topic(outcomes)
-        app.run()
+        checkpoints = 0
+        commit = Checkpoint.commit
+
+        def committed(self: Any, *args: Any, **kwargs: Any) -> Any:
+            nonlocal checkpoints
+            result = commit(self, *args, **kwargs)
+            if clock:
+                checkpoints += 1
+            if completed >= conversations and "wall_end" not in clock:  # the checkpoint holding the last outcome
+                clock.update(
+                    wall_end=time.perf_counter(), cpu_end=time.process_time(), broker_end=_proc_cpu_s(broker_pid)
+                )
+                if sampler is not None:
+                    sampler.send_signal(signal.SIGINT)
+            return result
+
+        Checkpoint.commit = committed  # type: ignore[method-assign]
+        try:
+            app.run()
+        finally:
+            Checkpoint.commit = commit  # type: ignore[method-assign]
     if sampler is not None:
         sampler.wait(60)
     seconds = clock["wall_end"] - clock["wall"]
@@ -116,6 +139,7 @@ def quix_run(
         "records_per_s": records / seconds,
         "cpu_s_per_1000_records": 1000 * (clock["cpu_end"] - clock["cpu"]) / records,
         "broker_cpu_s_per_1000_records": 1000 * (clock["broker_end"] - clock["broker"]) / records,
+        "checkpoints": checkpoints,
     }
 
 

@@ -117,11 +117,19 @@ def check_config(options: Mapping[str, Any]) -> None:
         raise ValueError(f"librdkafka refuses the Kafka options: {exc}") from None
 
 
+def confluent_kafka_version() -> str:
+    """confluent-kafka's own version: `version()` is a string now, a (string, number) pair in older releases."""
+    import confluent_kafka
+
+    version = confluent_kafka.version()
+    return str(version[0] if isinstance(version, tuple) else version)
+
+
 def librdkafka_version() -> str:
     """librdkafka's and confluent-kafka's versions, for the start's log line."""
     import confluent_kafka
 
-    return f"{confluent_kafka.libversion()[0]} (confluent-kafka {confluent_kafka.version()[0]})"
+    return f"{confluent_kafka.libversion()[0]} (confluent-kafka {confluent_kafka_version()})"
 
 
 class _OncePerMinute(logging.Filter):

@@ -9,6 +9,7 @@ acknowledgement and failure paths run on it."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -25,7 +26,13 @@ from tracejudge.consumer.embedded_broker import EmbeddedBroker, free_port
 from tracejudge.consumer.emit.prometheus import ConsumerInstruments
 from tracejudge.consumer.kafka import KafkaClients, KafkaError, KafkaTimeoutError
 from tracejudge.consumer.kafka.clients import close_now
-from tracejudge.consumer.kafka.rdkafka import DEFAULTS, RdKafkaProducer, rdkafka_config
+from tracejudge.consumer.kafka.rdkafka import (
+    DEFAULTS,
+    RdKafkaProducer,
+    confluent_kafka_version,
+    librdkafka_version,
+    rdkafka_config,
+)
 from tracejudge.consumer.kafka.topics import InternalTopics
 from tracejudge.consumer.settings import Settings
 from tracejudge.consumer.streams import records as R
@@ -34,6 +41,14 @@ from tracejudge.consumer.streams.task import Task
 
 pytest.importorskip("confluent_kafka")
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_start_names_both_versions_whole() -> None:
+    """confluent-kafka's `version()` is a plain string in 2.13+ (a pair before): its first character is no version."""
+    import confluent_kafka
+
+    assert re.fullmatch(r"\d+\.\d+\.\d+\S*", confluent_kafka_version())
+    assert librdkafka_version() == f"{confluent_kafka.libversion()[0]} (confluent-kafka {confluent_kafka_version()})"
 
 
 def test_kafka_python_option_names_translate_to_librdkafkas() -> None:

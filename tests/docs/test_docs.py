@@ -177,6 +177,76 @@ def expected_benchmark_rows(results: dict) -> list[list[str]]:
     return rows
 
 
+SIZING_KEYINGS = {
+    "conversation": "conversation id (our exporter)",
+    "trace": "trace id (the Collector's Kafka exporter)",
+    "firehose": "Collector firehose (9 in 10 records not GenAI)",
+}
+
+
+def expected_scale_rows(results: dict) -> list[list[str]]:
+    """docs/benchmarks.md's scale-out table, from bench/results.json's `scale_out`."""
+    rows = []
+    for keyed_by, data in results["scale_out"]["inputs"].items():
+        for r in data["runs"]:
+            per = r["per_replica"]
+            many = len(per) > 1
+            rates = ", ".join(format(x["records_per_s"], ",.0f") for x in per)
+            cpus = ", ".join(format(x["cpu_s_per_1000_records"], ".3f") for x in per)
+            rate = f"{r['records_per_s']:,.0f}" + (f" ({rates})" if many else "")
+            cpu = f"{r['cpu_s_per_1000_records']:.3f}" + (f" ({cpus})" if many else "")
+            rows.append(
+                [
+                    f"{keyed_by}, {data['records']:,}",
+                    r.get("producer_client", "kafka-python"),
+                    f"{r['replicas']} ({'/'.join(str(p) for p in r['partitions_owned'])})",
+                    rate,
+                    f"{r['efficiency']:.2f}",
+                    cpu,
+                    f"{r['cpu_vs_one_replica']:.2f}x",
+                    f"{r['broker_cpu_s_per_1000_records']:.3f}",
+                ]
+            )
+    return rows
+
+
+def _span(low: float, high: float, unit: str) -> str:
+    a, b = f"{low:.1f}", f"{high:.1f}"
+    return f"{a} {unit}" if a == b else f"{a}-{b} {unit}"
+
+
+def expected_sizing_rows(results: dict) -> list[list[str]]:
+    """docs/deployment.md's sizing table: for 10,000 spans/s (records per span as bench/consumer_ingest.py builds
+    them), cores = records/s × CPU s per record over the scale-out runs of 1 and 2 replicas of each producer; replicas
+    = the most cores / 0.7 (each replica one core, at most 70 % busy), rounded up."""
+    rows = []
+    for keyed_by, data in results["scale_out"]["inputs"].items():
+        built = results["consumer_ingest"]["inputs"][keyed_by]
+        rate = 10_000 * built["records"] / built["spans"]
+        cores, replicas, broker = [], [], []
+        for client in ("kafka-python", "librdkafka"):
+            runs = [r for r in data["runs"] if r.get("producer_client", "kafka-python") == client]
+            if not runs:
+                cores.append("not measured")
+                continue
+            cpu = [rate * r["cpu_s_per_1000_records"] / 1000 for r in runs]
+            brokers = [rate * r["broker_cpu_s_per_1000_records"] / 1000 for r in runs]
+            cores.append(_span(min(cpu), max(cpu), "cores"))
+            replicas.append(str(-(-max(cpu) // 0.7)).removesuffix(".0"))
+            broker.append(_span(min(brokers), max(brokers), "cores"))
+        rows.append([SIZING_KEYINGS[keyed_by], f"{rate:,.0f}", *cores, " / ".join(replicas), " / ".join(broker)])
+    return rows
+
+
+def test_scale_out_and_sizing_tables_are_bench_results_json() -> None:
+    """The scale-out table and the sizing table derived from it are the latest `python -m bench --only scale`."""
+    results = json.loads((ROOT / "bench" / "results.json").read_text())
+    assert table((DOCS / "benchmarks.md").read_text(), "| keying, records | producer |") == expected_scale_rows(results)
+    assert table((DOCS / "deployment.md").read_text(), "| keying | records/s for 10,000 spans/s |") == (
+        expected_sizing_rows(results)
+    )
+
+
 def test_benchmark_table_is_bench_results_json() -> None:
     results = json.loads((ROOT / "bench" / "results.json").read_text())
     text = (DOCS / "benchmarks.md").read_text()
