@@ -217,8 +217,8 @@ def _span(low: float, high: float, unit: str) -> str:
 
 def expected_sizing_rows(results: dict) -> list[list[str]]:
     """docs/deployment.md's sizing table: for 10,000 spans/s (records per span as bench/consumer_ingest.py builds
-    them), cores = records/s × CPU s per record over the scale-out runs of 1 and 2 replicas of each producer; replicas
-    = the most cores / 0.7 (each replica one core, at most 70 % busy), rounded up."""
+    them), cores = records/s × CPU s per record over the scale-out runs of every number of replicas of each producer;
+    replicas = the most cores / 0.7 (each replica one core, at most 70 % busy), rounded up."""
     rows = []
     for keyed_by, data in results["scale_out"]["inputs"].items():
         built = results["consumer_ingest"]["inputs"][keyed_by]
@@ -228,6 +228,8 @@ def expected_sizing_rows(results: dict) -> list[list[str]]:
             runs = [r for r in data["runs"] if r.get("producer_client", "kafka-python") == client]
             if not runs:
                 cores.append("not measured")
+                replicas.append("-")
+                broker.append("-")
                 continue
             cpu = [rate * r["cpu_s_per_1000_records"] / 1000 for r in runs]
             brokers = [rate * r["broker_cpu_s_per_1000_records"] / 1000 for r in runs]
