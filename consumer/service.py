@@ -125,6 +125,7 @@ class ConsumerService:
         self.ready = threading.Event()  # the clients are built and subscribed (tests wait for it)
         self.assigned = threading.Event()  # partitions assigned and their state restored
         self.failure: BaseException | None = None
+        self.hurried = False  # a second stop signal came: the process leaves without finishing what runs
         self._partitionless: PartitionlessMember | None = None
         self.partitions = 0  # the span topic's (and the internal topics') partition count, once connected
 
@@ -144,6 +145,7 @@ class ConsumerService:
     def hurry(self) -> None:
         """A second stop signal: in-flight judgements are given up now (cancelled, their offsets not committed: they
         are judged again after the restart). What is finished is still committed. Signal-safe."""
+        self.hurried = True
         self.request_stop()
         if self.judge_worker is not None:
             self.judge_worker.hurry()

@@ -59,6 +59,19 @@ def stopping(service: Any, grace_s: float) -> Callable[[int, Any], None]:
     return handle
 
 
+def leave_now() -> None:
+    """After a second stop signal, once the service has stopped: exit without the interpreter's finalization. With
+    LiteLLM loaded, tearing the modules down holds the GIL for over a second, during which the HURRIED_EXIT_S timer
+    cannot run; the judge calls given up still hold non-daemon threads. Nothing is left to flush but the logs."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(EXIT_HURRIED)
+
+
 def calibration_refused(path: str | None) -> bool:
     """A --calibration / TRACEJUDGE_CALIBRATION report that cannot correct rates: one line on stderr, True."""
     if not path:
@@ -135,6 +148,8 @@ def run_consume(namespace: argparse.Namespace) -> int:
     except StartupError as exc:
         print(f"tracejudge: {exc}", file=sys.stderr)
         return exc.exit_code
+    if app.service.hurried:
+        leave_now()
     if app.service.failure is not None:  # logged with its traceback; the exit says it did not stop cleanly
         print(f"tracejudge: stopped on an internal error: {app.service.failure!r}", file=sys.stderr)
         return 1
