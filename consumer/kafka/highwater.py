@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -110,21 +110,22 @@ class FetchAnswers:
     forgets its partitions and makes the next fetch a full one. Tansu answers full fetches (every partition, every
     time). A failed or throttled fetch, or a partition's error, says nothing about the partitions it left out."""
 
-    def __init__(self, fetcher: Any = None) -> None:
+    def __init__(self, fetcher: Any = None, on_unreadable: Callable[[], None] | None = None) -> None:
         self._fetcher = fetcher
+        self._on_unreadable = on_unreadable  # counts each answer that could not be read (a metric)
         self._kept: dict[Any, _Kept] = {}
         self._floor: dict[Any, float] = {}  # answers to fetches sent before this (monotonic) belong to an earlier owner
         self._lock = threading.Lock()  # answers come on the IO thread; a seek's `forget` on the stream thread
         self._log = RateLimitedLog(logger, interval_s=60.0)
 
     @classmethod
-    def install(cls, consumer: Any) -> FetchAnswers | None:
+    def install(cls, consumer: Any, on_unreadable: Callable[[], None] | None = None) -> FetchAnswers | None:
         """Watch `consumer`'s fetch answers; None when this kafka-python keeps its fetcher elsewhere."""
         fetcher = getattr(consumer, "_fetcher", None)
         handle = getattr(fetcher, "_handle_fetch_response", None)
         if fetcher is None or handle is None:
             return None
-        answers = cls(fetcher)
+        answers = cls(fetcher, on_unreadable)
 
         def handle_fetch_response(node_id: Any, fetch_offsets: Any, send_time: float, response: Any) -> Any:
             try:
@@ -172,7 +173,17 @@ class FetchAnswers:
         """An answer that could not be read: its partitions are forgotten (no claim from them) until the next fetch,
         a full one, answers them again."""
         self.forget(asked)
-        self._log.warning("a fetch answer could not be read (%r): its partitions wait for the next full fetch", exc)
+        if self._on_unreadable is not None:
+            try:
+                self._on_unreadable()
+            except Exception:  # a counter never breaks kafka-python's IO loop
+                pass
+        self._log.warning(
+            "a fetch answer could not be read (%r): its partitions wait for the next full fetch (their conversations"
+            " complete later, nothing is lost); counted in tracejudge_kafka_fetch_answers_unreadable_total: if it keeps"
+            " rising, install the kafka-python version tracejudge requires",
+            exc,
+        )
 
     def _full_fetches(self) -> None:
         """Every session's next fetch a full one (kafka-python's own step after a session error): a forgotten

@@ -82,7 +82,12 @@ class Assembler(RebalanceListener):
             select,
             max_record_bytes=settings.max_record_bytes,
         )
-        self.clock = StreamClock(settings.topic, self.topics.repartition, partitions)
+        self.clock = StreamClock(
+            settings.topic,
+            self.topics.repartition,
+            partitions,
+            lambda consumer: instruments.unreadable_fetches.labels(consumer=consumer).inc(),
+        )
         self.bounds = MemoryBounds(settings.max_open_conversations, self.memory, self.commit)
         self.committer = Committer(settings.topic, self.topics, self.collector, self.state, self._recover_all)
         self._stop = threading.Event()

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from ..kafka import KafkaConsumer, KafkaError, TopicPartition
@@ -64,8 +64,11 @@ class StreamClock:
     """The tasks' clocks: when their input is read to the end, how far their conversations have gone idle, and the
     watermarks they send one another. Driven by the stream thread only."""
 
-    def __init__(self, topic: str, repartition: str, partitions: int) -> None:
+    def __init__(
+        self, topic: str, repartition: str, partitions: int, on_unreadable: Callable[[str], None] | None = None
+    ) -> None:
         self.topic = topic
+        self._on_unreadable = on_unreadable  # given "group" or "restore" for each fetch answer that could not be read
         self.repartition = repartition
         self.partitions = partitions
         self._probes = _Every(WATERMARK_INTERVAL_S)
@@ -85,14 +88,18 @@ class StreamClock:
 
     def watch(self, group: KafkaConsumer, side: KafkaConsumer) -> None:
         """Keep what the group and side consumers' fetches answer (`FetchAnswers`), from before their first fetch."""
-        self._answers = FetchAnswers.install(group)
-        self._side_answers = FetchAnswers.install(side)
+        self._answers = FetchAnswers.install(group, self._unreadable("group"))
+        self._side_answers = FetchAnswers.install(side, self._unreadable("restore"))
         if self._answers is None or self._side_answers is None:
             logger.warning(
                 "this kafka-python keeps its fetcher elsewhere: the stream clock trusts the last high watermark it"
                 " remembers, and a conversation may complete while a turn waits behind a rebalance (install the"
                 " kafka-python version tracejudge requires)"
             )
+
+    def _unreadable(self, consumer: str) -> Callable[[], None] | None:
+        count = self._on_unreadable
+        return None if count is None else lambda: count(consumer)
 
     def forget(self, partitions: Iterable[int], *, side: bool = False) -> None:
         """Input partitions assigned (or, `side`, repartition partitions sought): earlier answers are not theirs."""

@@ -71,6 +71,14 @@ class StreamsInstruments:
             ["partition"],
             registry=registry,
         )
+        self.unreadable_fetches = Counter(
+            "tracejudge_kafka_fetch_answers_unreadable_total",
+            "Fetch answers kafka-python could not read: their partitions' clock waits for the next full fetch",
+            ["consumer"],
+            registry=registry,
+        )
+        for consumer in ("group", "restore"):  # at 0 from the start: a rise is visible to rate() and increase()
+            self.unreadable_fetches.labels(consumer=consumer)
         self.unreadable_internal = Counter(
             "tracejudge_internal_records_unreadable_total",
             "Records of tracejudge's own topics (repartition, changelog) that could not be read: skipped whole, never"

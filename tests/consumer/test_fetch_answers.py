@@ -153,6 +153,41 @@ def test_an_answer_that_cannot_be_read_forgets_its_partitions_and_asks_for_a_ful
     assert handler.next_metadata.session_id == SESSION and handler.next_metadata.is_full
 
 
+def test_each_answer_that_cannot_be_read_is_counted_per_consumer() -> None:
+    """Heard and counted: the clock's two consumers each count into tracejudge_kafka_fetch_answers_unreadable_total,
+    at 0 from the start; a counter that fails never reaches kafka-python's IO loop."""
+    from prometheus_client import CollectorRegistry
+
+    from tracejudge.consumer.streams.clock import StreamClock
+    from tracejudge.consumer.streams.instruments import StreamsInstruments
+
+    registry = CollectorRegistry()
+    instruments = StreamsInstruments(registry)
+    clock = StreamClock("spans", "spans-repartition", 1, lambda c: instruments.unreadable_fetches.labels(c).inc())
+
+    def consumer() -> SimpleNamespace:
+        return SimpleNamespace(_fetcher=SimpleNamespace(_handle_fetch_response=lambda *args: None))
+
+    group, side = consumer(), consumer()
+    clock.watch(group, side)  # type: ignore[arg-type]
+    name = "tracejudge_kafka_fetch_answers_unreadable_total"
+    assert registry.get_sample_value(name, {"consumer": "group"}) == 0
+    assert registry.get_sample_value(name, {"consumer": "restore"}) == 0
+    group._fetcher._handle_fetch_response(1, {TP: 0}, time.monotonic(), object())
+    group._fetcher._handle_fetch_response(1, {TP: 0}, time.monotonic(), fetch_response({0: 10}, session_id=SESSION))
+    side._fetcher._handle_fetch_response(1, {TP: 0}, time.monotonic(), object())
+    group._fetcher._handle_fetch_response(1, {TP: 0}, time.monotonic(), object())
+    assert registry.get_sample_value(name, {"consumer": "group"}) == 2
+    assert registry.get_sample_value(name, {"consumer": "restore"}) == 1
+
+    def broken() -> None:
+        raise RuntimeError("a counter that fails")
+
+    answers = FetchAnswers.install(consumer(), broken)
+    assert answers is not None
+    answers.unreadable(1, {TP: 0}, ValueError("unreadable"))  # does not raise
+
+
 def _installed() -> tuple[FetchAnswers, SimpleNamespace, SimpleNamespace]:
     """FetchAnswers over a fetcher with one session (node 1), as kafka-python holds it."""
     from kafka.consumer.fetcher import FetchMetadata
