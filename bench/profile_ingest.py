@@ -141,8 +141,9 @@ def run(keying: str, conversations: int) -> dict[str, Any]:
         records = produce(bootstrap, topic, count, keying)
         bare = bare_loop(bootstrap, topic, records)
         raw = Path(scratch) / "raw.txt"
+        # Blocking: `--nonblocking` drops the samples it cannot read whole (scale_out.sampling).
         sampler = subprocess.Popen(
-            [spy, "record", "--pid", str(os.getpid()), "-r", "200", "-t", "-f", "raw", "-o", str(raw), "--nonblocking"],
+            [spy, "record", "--pid", str(os.getpid()), "-r", "200", "-t", "-f", "raw", "-o", str(raw)],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
