@@ -14,7 +14,7 @@ import signal
 import sys
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 from .._gc import collect_less
 from .._logging import configure_logging
@@ -59,17 +59,18 @@ def stopping(service: Any, grace_s: float) -> Callable[[int, Any], None]:
     return handle
 
 
-def leave_now() -> None:
+def leave_now(code: int) -> NoReturn:
     """After a second stop signal, once the service has stopped: exit without the interpreter's finalization. With
     LiteLLM loaded, tearing the modules down holds the GIL for over a second, during which the HURRIED_EXIT_S timer
-    cannot run; the judge calls given up still hold non-daemon threads. Nothing is left to flush but the logs."""
+    cannot run; the judge calls given up still hold non-daemon threads. Everything was closed or flushed by the
+    service's stop (outputs, state, commits), so nothing is left but the logs."""
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except (OSError, ValueError):
             pass
-    os._exit(EXIT_HURRIED)
+    os._exit(code)
 
 
 def calibration_refused(path: str | None) -> bool:
@@ -144,13 +145,22 @@ def run_consume(namespace: argparse.Namespace) -> int:
 
         signal.signal(signal.SIGTERM, stopping(app.service, settings.shutdown_grace))
         signal.signal(signal.SIGINT, signal.getsignal(signal.SIGTERM))
-        app.run()
+        try:
+            app.run()
+        except StartupError:
+            raise
+        except BaseException:  # a stop that failed after the second signal still leaves at once, saying why
+            if not app.service.hurried:
+                raise
+            logging.getLogger("tracejudge.consumer").exception("stopping after the second stop signal failed")
+            leave_now(1)
     except StartupError as exc:
         print(f"tracejudge: {exc}", file=sys.stderr)
         return exc.exit_code
-    if app.service.hurried:
-        leave_now()
+    code = 0
     if app.service.failure is not None:  # logged with its traceback; the exit says it did not stop cleanly
         print(f"tracejudge: stopped on an internal error: {app.service.failure!r}", file=sys.stderr)
-        return 1
-    return 0
+        code = 1
+    if app.service.hurried:
+        leave_now(code or EXIT_HURRIED)
+    return code

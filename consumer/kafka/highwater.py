@@ -181,7 +181,8 @@ class FetchAnswers:
         self._log.warning(
             "a fetch answer could not be read (%r): its partitions wait for the next full fetch (their conversations"
             " complete later, nothing is lost); counted in tracejudge_kafka_fetch_answers_unreadable_total: if it keeps"
-            " rising, install the kafka-python version tracejudge requires",
+            " rising, install the kafka-python tracejudge requires (>=3.0,<3.1), and if that is the one installed,"
+            " report it with this error",
             exc,
         )
 

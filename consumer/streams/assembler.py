@@ -83,10 +83,7 @@ class Assembler(RebalanceListener):
             max_record_bytes=settings.max_record_bytes,
         )
         self.clock = StreamClock(
-            settings.topic,
-            self.topics.repartition,
-            partitions,
-            lambda consumer: instruments.unreadable_fetches.labels(consumer=consumer).inc(),
+            settings.topic, self.topics.repartition, partitions, instruments.fetch_answer_unreadable
         )
         self.bounds = MemoryBounds(settings.max_open_conversations, self.memory, self.commit)
         self.committer = Committer(settings.topic, self.topics, self.collector, self.state, self._recover_all)

@@ -99,6 +99,11 @@ class StreamsInstruments:
         for route in ("local", "repartition"):
             self.routed.labels(route=route)
 
+    def fetch_answer_unreadable(self, consumer: str) -> None:
+        """One fetch answer of the stream thread's `group` or `restore` consumer could not be read (kafka-python's IO
+        thread; prometheus_client's counters take their own lock)."""
+        self.unreadable_fetches.labels(consumer=consumer).inc()
+
     def report_tables(self, tasks: Iterable[Task], memory_used: int) -> int:
         """The tables' gauges and what they forgot since the last report (on the stream thread); the open count."""
         tasks = list(tasks)

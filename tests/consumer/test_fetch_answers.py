@@ -163,7 +163,7 @@ def test_each_answer_that_cannot_be_read_is_counted_per_consumer() -> None:
 
     registry = CollectorRegistry()
     instruments = StreamsInstruments(registry)
-    clock = StreamClock("spans", "spans-repartition", 1, lambda c: instruments.unreadable_fetches.labels(c).inc())
+    clock = StreamClock("spans", "spans-repartition", 1, instruments.fetch_answer_unreadable)
 
     def consumer() -> SimpleNamespace:
         return SimpleNamespace(_fetcher=SimpleNamespace(_handle_fetch_response=lambda *args: None))
@@ -277,5 +277,14 @@ def test_the_assembler_watches_its_consumers_fetches_before_it_subscribes(tmp_pa
         answer = assembler.clock.answer(task, assembler.group)  # type: ignore[arg-type]
         assert answer is not None and answer.highwater == 4
         assert events == ["subscribed watched", "kafka-python handled", "kafka-python handled"]
+        # An answer that cannot be read is counted on the served registry, by the consumer it came to.
+        assembler.side._fetcher._handle_fetch_response(1, {TopicPartition("spans", 0): 4}, time.monotonic(), object())
+        counted = {
+            sample.labels["consumer"]: sample.value
+            for family in assembler.instruments.unreadable_fetches.collect()
+            for sample in family.samples
+            if sample.name == "tracejudge_kafka_fetch_answers_unreadable_total"
+        }
+        assert counted == {"group": 0, "restore": 1}
     finally:
         assembler.collector.close(0)

@@ -57,6 +57,7 @@ def test_a_second_ctrl_c_stops_within_two_seconds_and_the_restart_judges_what_wa
     took = time.monotonic() - started
     assert took < 2.0, f"the second Ctrl-C took {took:.2f}s"
     assert first.process.returncode == 130  # 128 + SIGINT, as a shell reports an interrupted command
+    assert "stopped: " in first.log.read_text()  # the stop ran to its end (the 1.5 s timer also exits 130)
     log = first.log.read_text()
     assert "SIGINT again: stopping now" in log and "left uncommitted" in log
     judged_before = set(results_by_conversation(broker, results))
