@@ -52,7 +52,9 @@ def stopping(service: Any, grace_s: float) -> Callable[[int, Any], None]:
             service.draining(),
         )
         service.hurry()
-        timer = threading.Timer(HURRIED_EXIT_S, lambda: os._exit(EXIT_HURRIED))
+        timer = threading.Timer(
+            HURRIED_EXIT_S, lambda: os._exit(1 if getattr(service, "failure", None) is not None else EXIT_HURRIED)
+        )
         timer.daemon = True
         timer.start()
 
