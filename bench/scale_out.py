@@ -224,23 +224,23 @@ def replicas_run(
             if failed:
                 raise RuntimeError(f"{n} replicas: the fill failed: {failed[0]!r}") from failed[0]
             scraped = [_scrape(port) for port in ports]
-            if first is None and sum(s["records"] for s in scraped) > 0:
+            read, done = sum(s["records"] for s in scraped), sum(s["done"] for s in scraped)
+            if first is None and read > 0:
                 if profile is not None:  # over the measured window only (the attach takes a few ms of it)
                     sampler = sampling(procs[0].pid, profile)
                 first, broker_start = time.perf_counter(), _proc_cpu_s(broker_pid)
                 start = [_scrape_up(port) for port in ports]
                 start_cpu = [_cpu(s, p.pid) for s, p in zip(start, procs, strict=True)]
                 start_moves = [_moves(log) for log in log_files]
-            if first is not None and read_at is None and sum(s["records"] for s in scraped) >= records:
+            if first is not None and read_at is None and read >= records:
                 read_at = time.perf_counter()
-            if first is not None and sum(s["done"] for s in scraped) >= conversations:
+            if first is not None and done >= conversations:
                 break
             if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
-                raise RuntimeError(f"{n} replicas: {sum(s['done'] for s in scraped):.0f} of {conversations} done")
+                raise RuntimeError(f"{n} replicas: {done:.0f} of {conversations} done")
             if first is None or read_at is not None:  # the tail to the last outcome: short, and it ends in steps
                 time.sleep(0.005 if first is None else 0.02)
             else:
-                read = sum(s["records"] for s in scraped)
                 time.sleep(_pause(read, records, first, time.perf_counter()))
         assert first is not None
         to_outcomes = time.perf_counter() - first
