@@ -345,14 +345,19 @@ def replay(
                 )
 
             wait_for(settled, timeout=120, what="every conversation completed and its verdict acknowledged")
-            shares = [len(c.judgements) for c in collects]
+            # What was judged by the barrier. The replicas' stop that follows (three at once, partitions moving
+            # between members that are leaving) is not what these tests check: under CI load it was seen to judge
+            # up to ten conversations again whose judge-queue offsets a leaving member had not committed
+            # (at-least-once); tests/reliability/test_restarts.py checks graceful stops.
+            judged = [list(c.judgements) for c in collects]
+            shares = [len(j) for j in judged]
     finally:
         judge.responder = None
         producer.close()
     results = {setup: Replay() for setup in SETUPS}
     results[ALL] = Replay()
     seen: set[tuple[str, float]] = set()
-    for judgement in (j for c in collects for j in c.judgements):
+    for judgement in (j for replica in judged for j in replica):
         # Two copies with one judge-queue key and one judged_at count once (seen once under CI load, for ten
         # conversations at once, not explained yet); a second judging with its own judged_at counts.
         if (judgement.job.key, judgement.judged_at) in seen:
